@@ -118,16 +118,20 @@ class EngineProfile:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, origin: str = "profile") -> "EngineProfile":
-        """Build from a mapping; unknown keys and bad values raise EngineProfileError naming the key.
+        """Build from a mapping; unknown keys or bad values raise EngineProfileError naming the key.
 
         Missing keys take the defaults, so a YAML file may override only what it measured.
         """
         if not isinstance(data, Mapping):
-            raise EngineProfileError(f"{origin}: expected a mapping of profile keys, got {type(data).__name__}")
+            raise EngineProfileError(
+                f"{origin}: expected a mapping of profile keys, got {type(data).__name__}"
+            )
         known = {f.name for f in dataclasses.fields(cls)}
         for key in data:
             if key not in known:
-                raise EngineProfileError(f"{origin}: {key}: unknown key (known: {', '.join(sorted(known))})")
+                raise EngineProfileError(
+                    f"{origin}: {key}: unknown key (known: {', '.join(sorted(known))})"
+                )
         values = dict(data)
         for key in _INT_KEYS:
             # YAML writes 2560.0 when a float sneaks in; accept integral floats, reject others.

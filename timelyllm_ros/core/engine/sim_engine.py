@@ -130,13 +130,12 @@ class _BlockPool:
             self.hash_of[block] = block_hash
 
 
-@dataclass
+@dataclass(eq=False)  # identity semantics: list membership must not compare token lists
 class _Sequence:
     request: EngineRequest
     tokens: list[int]  # prompt followed by every token sampled so far
     prompt_len: int
     script: list[int]
-    arrival: int  # order of add_request, used for FCFS admission
     blocks: list[int] = field(default_factory=list)
     block_hashes: list[int] = field(default_factory=list)  # of the leading full, committed blocks
     num_computed: int = 0  # tokens whose KV is in `blocks`
@@ -171,7 +170,6 @@ class SimulatedEngine:
         self._waiting: list[_Sequence] = []
         self._running: list[_Sequence] = []
         self._by_id: dict[str, _Sequence] = {}
-        self._arrivals = 0
         self._last_timing = StepTiming()
 
     # ---- clock ----
@@ -213,8 +211,7 @@ class SimulatedEngine:
         if request.max_tokens < 1:
             raise ValueError(f"request {rid!r}: max_tokens must be >= 1")
         script = self.tokenizer.tokenize(request.scripted_text or "")
-        seq = _Sequence(request, prompt, len(prompt), script, self._arrivals)
-        self._arrivals += 1
+        seq = _Sequence(request, prompt, len(prompt), script)
         self._by_id[rid] = seq
         self._waiting.append(seq)
 
@@ -375,7 +372,8 @@ class SimulatedEngine:
         reason = None
         if seq.generated >= len(seq.script):
             reason = "stop"
-        elif seq.generated >= seq.request.max_tokens or len(seq.tokens) >= self.profile.max_model_len:
+        elif (seq.generated >= seq.request.max_tokens
+              or len(seq.tokens) >= self.profile.max_model_len):
             reason = "length"
         report_cache = None
         if not seq.reported_cache:

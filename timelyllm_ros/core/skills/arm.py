@@ -11,7 +11,13 @@ from __future__ import annotations
 import functools
 import re
 
-from timelyllm_ros.core.skills.base import ParsedSegment, SkillCall, SkillSyntaxError, Token, tokenize
+from timelyllm_ros.core.skills.base import (
+    ParsedSegment,
+    SkillCall,
+    SkillSyntaxError,
+    Token,
+    tokenize,
+)
 
 # name -> argument kinds: "obj" (a name or quoted string) or "num" (a number).
 ARM_SKILLS: dict[str, tuple[str, ...]] = {
@@ -142,7 +148,9 @@ class _Parser:
         for tok, kind in zip(args, kinds):
             ok = tok.kind == "num" if kind == "num" else tok.kind in ("name", "str")
             if not ok:
-                raise SkillSyntaxError(f"argument {tok.text!r} of {head.text!r} must be {kind}", tok.pos)
+                raise SkillSyntaxError(
+                    f"argument {tok.text!r} of {head.text!r} must be {kind}", tok.pos
+                )
         return SkillCall(head.text, tuple(t.text for t in args), self.text[head.pos : close.end])
 
 

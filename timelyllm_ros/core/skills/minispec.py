@@ -15,7 +15,13 @@ import functools
 import re
 from dataclasses import dataclass
 
-from timelyllm_ros.core.skills.base import ParsedSegment, SkillCall, SkillSyntaxError, Token, tokenize
+from timelyllm_ros.core.skills.base import (
+    ParsedSegment,
+    SkillCall,
+    SkillSyntaxError,
+    Token,
+    tokenize,
+)
 
 
 @dataclass(frozen=True)
@@ -158,7 +164,9 @@ class _Parser:
         if tok.kind == "num":
             self.take()
             if "." in tok.text or tok.text.startswith("-") or int(tok.text) == 0:
-                raise SkillSyntaxError(f"loop count must be a positive integer, got {tok.text!r}", tok.pos)
+                raise SkillSyntaxError(
+                    f"loop count must be a positive integer, got {tok.text!r}", tok.pos
+                )
             self.block("loop")
             return True
         if self.at("->"):
@@ -191,7 +199,9 @@ class _Parser:
             op = self.peek()
             if op is None or op.kind != "op" or op.text not in _COMPARATORS:
                 got = "end of program" if op is None else repr(op.text)
-                raise SkillSyntaxError(f"expected a comparator (> < == !=), got {got}", self._pos(op))
+                raise SkillSyntaxError(
+                    f"expected a comparator (> < == !=), got {got}", self._pos(op)
+                )
             self.take()
             self.value("operand")
             if not (self.at("&") or self.at("|")):
@@ -331,7 +341,8 @@ def minispec_regex(max_statements: int) -> str:
     comparison = f"{var}(==|!=|<|>)({var}|True|False|{number})"
     condition = f"{comparison}([&|]{comparison}){{0,2}}"
     body = f"\\{{{simple}(;{simple}){{0,{more}}};?\\}}"
-    statement = f"({simple}|[1-9][0-9]?{body}|\\?{condition}{body})"
+    # A loop of one iteration is never meant; small models otherwise open every plan with `1{`.
+    statement = f"({simple}|([2-9]|[1-9][0-9]){body}|\\?{condition}{body})"
     return f"{statement}(;{statement}){{0,{more}}};?"
 
 

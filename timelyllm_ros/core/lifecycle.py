@@ -1,0 +1,126 @@
+"""Lifecycle of a task and its generation, as a `transitions` state machine.
+
+    received --accept--> queued --admit--> generating --finish_generation--> awaiting_robot
+        |                  ^                 |     ^                                  |
+      reject               |              suspend  admit                          complete
+        v                  |                 v     |                                  v
+    rejected               +------------- suspended                                 done
+
+`fail` and `cancel` lead from any non-terminal state to `failed` / `cancelled`.
+
+Simulations create thousands of these, and building a `transitions.Machine` (or even
+`add_model`, which binds trigger methods and keeps a reference to every model) per task costs
+far more than the task is worth. So one Machine is built at import time with no models, and each
+TaskLifecycle fires that machine's Event objects on itself: transitions reads and writes the
+`state` attribute of whatever model it is handed, so the machine keeps no per-task data and a
+finished task is garbage like any other object.
+"""
+
+from __future__ import annotations
+
+from typing import Hashable
+
+from transitions import Machine, MachineError
+
+STATES = ("received", "queued", "generating", "suspended", "awaiting_robot",
+          "done", "failed", "rejected", "cancelled")
+TERMINAL_STATES = frozenset({"done", "failed", "rejected", "cancelled"})
+_NON_TERMINAL = [s for s in STATES if s not in TERMINAL_STATES]
+
+TRANSITIONS = [
+    {"trigger": "accept", "source": "received", "dest": "queued"},
+    {"trigger": "reject", "source": "received", "dest": "rejected"},
+    {"trigger": "admit", "source": ["queued", "suspended"], "dest": "generating"},
+    {"trigger": "suspend", "source": "generating", "dest": "suspended"},
+    {"trigger": "finish_generation", "source": "generating", "dest": "awaiting_robot"},
+    {"trigger": "complete", "source": "awaiting_robot", "dest": "done"},
+    {"trigger": "fail", "source": _NON_TERMINAL, "dest": "failed"},
+    {"trigger": "cancel", "source": _NON_TERMINAL, "dest": "cancelled"},
+]
+TRIGGERS = tuple(dict.fromkeys(t["trigger"] for t in TRANSITIONS))
+
+_MACHINE = Machine(model=[], states=list(STATES), transitions=TRANSITIONS, initial="received",
+                   auto_transitions=False, ignore_invalid_triggers=False)
+_EVENTS = {name: _MACHINE.events[name] for name in TRIGGERS}
+
+
+class IllegalTransition(MachineError):
+    """A trigger fired in a state that does not allow it."""
+
+    def __init__(self, state: str, trigger: str, task_id: Hashable = None):
+        who = f"task {task_id!r}: " if task_id is not None else ""
+        super().__init__(f"{who}cannot {trigger!r} from state {state!r}")
+        self.state = state
+        self.trigger = trigger
+        self.task_id = task_id
+
+
+class TaskLifecycle:
+    """State of one task. Every trigger takes the time of the event (the caller's clock, which
+    may be virtual) and, for terminal transitions, an optional reason."""
+
+    __slots__ = ("state", "reason", "history", "task_id")
+
+    def __init__(self, now: float = 0.0, task_id: Hashable = None):
+        self.state = "received"
+        self.reason: str | None = None
+        self.history: list[tuple[str, float]] = [("received", now)]
+        self.task_id = task_id
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    def may(self, trigger: str) -> bool:
+        """Whether `trigger` is legal in the current state."""
+        event = _EVENTS.get(trigger)
+        return event is not None and self.state in event.transitions
+
+    def trigger(self, trigger: str, now: float, reason: str | None = None) -> str:
+        event = _EVENTS.get(trigger)
+        if event is None:
+            raise ValueError(f"unknown trigger {trigger!r}; triggers: {', '.join(TRIGGERS)}")
+        if self.state not in event.transitions:
+            raise IllegalTransition(self.state, trigger, self.task_id)
+        try:
+            event.trigger(self)
+        except MachineError as err:  # defensive: the check above should make this unreachable
+            raise IllegalTransition(self.state, trigger, self.task_id) from err
+        self.history.append((self.state, now))
+        if self.state in TERMINAL_STATES:
+            self.reason = reason
+        return self.state
+
+    def accept(self, now: float) -> str:
+        return self.trigger("accept", now)
+
+    def reject(self, now: float, reason: str | None = None) -> str:
+        return self.trigger("reject", now, reason)
+
+    def admit(self, now: float) -> str:
+        return self.trigger("admit", now)
+
+    def suspend(self, now: float) -> str:
+        return self.trigger("suspend", now)
+
+    def finish_generation(self, now: float) -> str:
+        return self.trigger("finish_generation", now)
+
+    def complete(self, now: float, reason: str | None = None) -> str:
+        return self.trigger("complete", now, reason)
+
+    def fail(self, now: float, reason: str | None = None) -> str:
+        return self.trigger("fail", now, reason)
+
+    def cancel(self, now: float, reason: str | None = None) -> str:
+        return self.trigger("cancel", now, reason)
+
+    def time_of(self, state: str) -> float | None:
+        """When the task last entered `state`, or None."""
+        for s, t in reversed(self.history):
+            if s == state:
+                return t
+        return None
+
+    def __repr__(self) -> str:
+        return f"TaskLifecycle(task_id={self.task_id!r}, state={self.state!r})"

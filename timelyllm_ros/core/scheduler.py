@@ -1,0 +1,478 @@
+"""The segmented-generation scheduler: one loop that owns an engine and many robots' plans.
+
+Each `tick()`:
+  1. fails tasks whose robot missed its report deadline;
+  2. recomputes the policy's priority of every queued generation and admits the best ones while
+     the admission controller (latency-guided, fixed cap, or KV-only) allows;
+  3. runs one engine step;
+  4. feeds each output's new text to the task's skill language, and at a segment boundary
+     suspends the generation (policy dispatch "segment"), dispatches the segment right away
+     ("stream"), or holds it until the plan is complete ("whole").
+
+The scheduler is engine-agnostic (real vLLM or the simulated cost-model engine) and clock-agnostic
+(it reads `engine.now()`), so the bench and the ROS planner node run exactly this code. Robots and
+transports are outside: segments and status changes go to a `SchedulerListener`, and robot reports
+come back through `on_report`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterable, Protocol
+
+from timelyllm_ros.core.admission import (BlocksOnlyAdmission, FixedBatchCap, LatencyGuidedAdmission,
+                                          TokenRateMeter)
+from timelyllm_ros.core.engine.base import EngineAdapter, EngineOutput, EngineRequest
+from timelyllm_ros.core.exec_model import ExecutionTimeModel
+from timelyllm_ros.core.generation import resume_regex
+from timelyllm_ros.core.lifecycle import TaskLifecycle
+from timelyllm_ros.core.policies.base import Policy
+from timelyllm_ros.core.policies.queue_view import QueueArrays, initial_row, suspended_row
+from timelyllm_ros.core.skills.base import SkillCall, SkillSyntaxError
+from timelyllm_ros.core.skills.skillset import SkillSet
+from timelyllm_ros.core.task import SegmentRecord, TaskRecord, TaskSnapshot, TaskSpec
+
+log = logging.getLogger("timelyllm.scheduler")
+
+
+class SchedulerListener(Protocol):
+    def on_segment(self, task: TaskRecord, segment: SegmentRecord) -> None: ...
+
+    def on_status(self, snapshot: TaskSnapshot) -> None: ...
+
+
+class TaskRejected(ValueError):
+    """A goal the scheduler cannot serve; `field` names the offending goal field."""
+
+    def __init__(self, field: str, reason: str):
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+@dataclass
+class SchedulerConfig:
+    # One-way robot<->planner latency added to dispatch times (the paper measured 8 ms on a LAN).
+    network_latency_s: float = 0.0
+    # A robot that has not reported a segment by
+    #   estimated completion + max(report_timeout_factor * estimated execution, report_timeout_min_s)
+    # is declared dead for that task: the task fails and its engine request and queue entry go.
+    report_timeout_factor: float = 3.0
+    report_timeout_min_s: float = 5.0
+    # Fixed cap on running generations (batch-cap sweep); None = the policy's own admission.
+    batch_cap: int | None = None
+    # A suspended generation is not resumed earlier than this long before its robot is expected
+    # to finish the previous segment; None resumes as soon as admission allows.
+    resume_lead_s: float | None = None
+    rate_window_steps: int = 8
+
+
+class SegmentScheduler:
+    def __init__(self, engine: EngineAdapter, policy: Policy, skill_sets: dict[str, SkillSet],
+                 exec_model: ExecutionTimeModel, listener: SchedulerListener,
+                 config: SchedulerConfig | None = None):
+        self.engine = engine
+        self.policy = policy
+        self.skill_sets = skill_sets
+        self.exec_model = exec_model
+        self.listener = listener
+        self.config = config or SchedulerConfig()
+        self.tasks: dict[str, TaskRecord] = {}
+        self._queue = QueueArrays()
+        self._running: dict[str, TaskRecord] = {}  # engine request id -> task
+        self._rate = TokenRateMeter(self.config.rate_window_steps)
+        self._admission = self._make_admission()
+        self._prompt_cache: dict[str, list[int]] = {}
+        self.fetch_overhead_s: list[float] = []
+        self.steps = 0
+
+    def _make_admission(self):
+        if self.config.batch_cap is not None:
+            return FixedBatchCap(self.config.batch_cap)
+        if self.policy.latency_guided_admission:
+            max_seg = max((s.max_segment_tokens for s in self.skill_sets.values()), default=10)
+            return LatencyGuidedAdmission(max_segment_tokens=max_seg)
+        return BlocksOnlyAdmission()
+
+    # ------------------------------------------------------------------ inputs
+    def submit(self, spec: TaskSpec) -> TaskRecord:
+        """Accept a validated goal, or record it as rejected (TaskRejected is raised too)."""
+        now = self.engine.now()
+        if spec.task_id in self.tasks:
+            # The existing task is untouched; the duplicate gets a rejection of its own.
+            self.listener.on_status(_rejected_snapshot(spec, "task_id: duplicate of a known task"))
+            raise TaskRejected("task_id", "duplicate of a known task")
+        task = TaskRecord(spec=spec, lifecycle=TaskLifecycle(now, spec.task_id))
+        try:
+            skill_set = self._skill_set_of(spec)
+            task.prompt_ids = self._prompt_ids(skill_set, spec.instruction)
+            budget = self.engine.max_model_len() - skill_set.max_plan_tokens
+            if len(task.prompt_ids) > budget:
+                raise TaskRejected(
+                    "instruction", f"prompt is {len(task.prompt_ids)} tokens; the model context of "
+                    f"{self.engine.max_model_len()} leaves {budget} after {skill_set.max_plan_tokens} "
+                    "plan tokens")
+        except TaskRejected as err:
+            task.lifecycle.reject(now, str(err))
+            self.tasks[spec.task_id] = task
+            self._emit(task)
+            raise
+        self.tasks[spec.task_id] = task
+        task.lifecycle.accept(now)
+        task.queue_slot = self._queue.add(
+            initial_row(spec.tuf, spec.arrival_s, enqueued_s=now, is_urgent=spec.is_urgent),
+            key=spec.task_id)
+        self._emit(task)
+        return task
+
+    def on_report(self, task_id: str, sequence: int, started_s: float, finished_s: float,
+                  success: bool, message: str = "") -> None:
+        """A robot's execution report, with times already in the scheduler's clock."""
+        task = self.tasks.get(task_id)
+        if task is None:
+            raise KeyError(f"task_id: no task {task_id!r}")
+        if not 0 <= sequence < len(task.segments):
+            raise ValueError(f"sequence: task {task_id!r} has no dispatched segment {sequence}")
+        if task.lifecycle.is_terminal:
+            return
+        segment = task.segments[sequence]
+        if segment.reported:
+            return
+        if not (math.isfinite(started_s) and math.isfinite(finished_s)) or finished_s < started_s:
+            raise ValueError(f"finished: {finished_s} is before started {started_s} or not finite")
+        segment.started_s, segment.finished_s, segment.success = started_s, finished_s, success
+        if success and segment.calls:
+            self.exec_model.observe_segment(segment.calls, finished_s - started_s)
+        now = self.engine.now()
+        if not success:
+            self._finish(task, "fail", f"robot {task.spec.robot_id} reported failure of segment "
+                                       f"{sequence}: {message or 'no message'}", now)
+            return
+        self._reestimate_after(task, sequence)
+        if task.queue_slot is not None and task.queue_slot in self._queue:
+            # The reported finish replaces the estimate as the suspended generation's reference.
+            self._queue.update(task.queue_slot, reference_s=task.robot_free_at(now))
+        self._maybe_complete(task, now)
+        self._emit(task)
+
+    def cancel(self, task_id: str, reason: str) -> None:
+        task = self.tasks.get(task_id)
+        if task is not None and not task.lifecycle.is_terminal:
+            self._finish(task, "cancel", reason, self.engine.now())
+
+    # ------------------------------------------------------------------ the loop
+    def has_work(self) -> bool:
+        return bool(self._running) or len(self._queue) > 0
+
+    def active_tasks(self) -> list[TaskRecord]:
+        return [t for t in self.tasks.values() if not t.lifecycle.is_terminal]
+
+    def next_timer_s(self) -> float | None:
+        """Earliest time something happens without new input (report deadline, resume lead)."""
+        times = [s.report_deadline_s for t in self.active_tasks() for s in t.segments
+                 if not s.reported]
+        if self.config.resume_lead_s is not None and len(self._queue):
+            view = self._queue.view()
+            times.append(float((view.reference_s - self.config.resume_lead_s).min()))
+        return min(times) if times else None
+
+    def tick(self) -> bool:
+        """One scheduling round and engine step. Returns False when there was nothing to run."""
+        now = self.engine.now()
+        self._expire_reports(now)
+        self._admit(now)
+        if not self._running:
+            return False
+        outputs = self.engine.step()
+        self.steps += 1
+        timing = self.engine.last_step_timing()
+        if timing.duration_s > 0 and outputs:
+            self._rate.record(timing.duration_s, 1)
+        self._admission.note_step()
+        now = self.engine.now()
+        for output in outputs:
+            task = self._running.get(output.request_id)
+            if task is not None:
+                self._consume(task, output, now)
+        return True
+
+    def warm_prefix_cache(self) -> None:
+        """Prefill each skill set's fixed prompt once so the first real task finds it cached."""
+        for name, skill_set in self.skill_sets.items():
+            ids = self._prompt_ids(skill_set, "")
+            self.engine.add_request(EngineRequest(f"__warmup__{name}", ids, max_tokens=1,
+                                                  scripted_text=" "))
+        while self.engine.has_unfinished_requests():
+            self.engine.step()
+
+    def shutdown(self, reason: str = "planner shutting down") -> None:
+        for task in self.active_tasks():
+            self._finish(task, "cancel", reason, self.engine.now())
+
+    # ------------------------------------------------------------------ admission
+    def _admit(self, now: float) -> None:
+        if not len(self._queue):
+            return
+        import time as _time
+
+        started = _time.perf_counter()
+        view = self._queue.view()
+        priorities = self.policy.priorities(view, now)
+        order = priorities.argsort()[::-1]
+        eligible_from = None
+        if self.config.resume_lead_s is not None:
+            eligible_from = view.reference_s - self.config.resume_lead_s
+        keys = [self._queue.key_at(int(i)) for i in order
+                if eligible_from is None or view.segment_index[i] == 0 or eligible_from[i] <= now]
+        self.fetch_overhead_s.append(_time.perf_counter() - started)
+        for task_id in keys:
+            task = self.tasks[task_id]
+            ok, _why = self._admission.may_admit(
+                self._running_budgets(now), self._rate.rate, self.engine.kv_usage().free_blocks,
+                self._blocks_needed(task))
+            if not ok:
+                break
+            self._start(task, now)
+            self._admission.note_admission()
+
+    def _running_budgets(self, now: float) -> list[tuple[int, float]]:
+        budgets = []
+        for task in self._running.values():
+            j = len(task.segments)
+            if j == 0:
+                deadline = task.spec.arrival_s + task.spec.tuf.ert_s
+            else:
+                deadline = task.robot_free_at(now)
+            budgets.append((task.tokens_this_run, deadline - now))
+        return budgets
+
+    def _blocks_needed(self, task: TaskRecord) -> int:
+        usage = self.engine.kv_usage()
+        tokens = len(task.prompt_ids) + len(task.generated.token_ids) + \
+            self._skill_set_of(task.spec).max_segment_tokens
+        return -(-tokens // max(1, usage.block_size))
+
+    def _start(self, task: TaskRecord, now: float) -> None:
+        self._queue.remove(task.queue_slot)
+        task.queue_slot = None
+        skill_set = self._skill_set_of(task.spec)
+        remaining_statements = skill_set.max_statements - task.generated.statements_done
+        program = skill_set.language.output_regex(max(1, remaining_statements))
+        generated_ids = task.generated.token_ids
+        request_id = f"{task.task_id}#{task.engine_requests}"
+        task.engine_requests += 1
+        resuming = bool(task.segments) or bool(generated_ids)
+        if resuming:
+            task.resumes += 1
+            task.awaiting_cached_count = True
+        scripted = None
+        if task.spec.scripted_plan is not None:
+            scripted = task.spec.scripted_plan[len(task.generated.text):]
+        self.engine.add_request(EngineRequest(
+            request_id=request_id,
+            prompt_token_ids=[*task.prompt_ids, *generated_ids],
+            max_tokens=max(1, skill_set.max_plan_tokens - len(generated_ids)),
+            output_regex=resume_regex(task.owed_text, program),
+            scripted_text=scripted,
+        ))
+        task.engine_request_id = request_id
+        task.tokens_this_run = 0
+        task.run_started_s = now
+        self._running[request_id] = task
+        task.lifecycle.admit(now)
+        self._emit(task)
+
+    # ------------------------------------------------------------------ outputs
+    def _consume(self, task: TaskRecord, output: EngineOutput, now: float) -> None:
+        if task.awaiting_cached_count and output.num_cached_tokens is not None:
+            task.awaiting_cached_count = False
+            task.cached_tokens_last_resume = int(output.num_cached_tokens)
+            task.cached_tokens_total += int(output.num_cached_tokens)
+            log.info("task %s resumed with %d cached prompt tokens of %d", task.task_id,
+                     output.num_cached_tokens, len(task.prompt_ids) + len(task.generated.token_ids))
+        task.generated.append(output.new_token_ids, output.new_text)
+        task.tokens_this_run += len(output.new_token_ids)
+        skill_set = self._skill_set_of(task.spec)
+        language = skill_set.language
+        gen = task.generated
+
+        found = []
+        while True:
+            end = language.next_boundary(gen.text, gen.consumed)
+            if end is None:
+                break
+            found.append((gen.consumed, end))
+            gen.consumed = end
+            gen.statements_done += 1
+        if output.finished:
+            tail_end = language.final_segment_end(gen.text, gen.consumed)
+            if tail_end is not None and gen.text[gen.consumed:tail_end].strip():
+                found.append((gen.consumed, tail_end))
+                gen.consumed = tail_end
+                gen.statements_done += 1
+
+        plan_full = (gen.statements_done >= skill_set.max_statements
+                     or len(gen.token_ids) >= skill_set.max_plan_tokens)
+        plan_done = output.finished or plan_full
+        if found:
+            text = gen.text[found[0][0]:found[-1][1]]
+            try:
+                calls = language.parse(text).calls
+            except SkillSyntaxError as err:
+                self._finish(task, "fail", f"generated text is not executable: {err}", now)
+                return
+            self._on_segment_text(task, text, calls, plan_done, now)
+        if task.lifecycle.is_terminal:
+            return
+        if plan_done:
+            self._end_generation(task, output.finished, now)
+        elif found and self.policy.dispatch == "segment":
+            self._suspend(task, now)
+
+    def _on_segment_text(self, task: TaskRecord, text: str, calls: tuple[SkillCall, ...],
+                         is_last: bool, now: float) -> None:
+        if self.policy.dispatch == "whole":
+            task.held_segments.append((text, calls))
+            if is_last:
+                for i, (held_text, held_calls) in enumerate(task.held_segments):
+                    self._dispatch(task, held_text, held_calls,
+                                   is_last=i == len(task.held_segments) - 1, now=now)
+                task.held_segments.clear()
+            return
+        self._dispatch(task, text, calls, is_last, now)
+
+    def _dispatch(self, task: TaskRecord, text: str, calls: tuple[SkillCall, ...], is_last: bool,
+                  now: float) -> None:
+        estimate = self.exec_model.estimate_segment_min(calls) if calls else 0.0
+        arrive = now + self.config.network_latency_s
+        start = max(arrive, task.robot_free_at(arrive))
+        done = start + estimate
+        segment = SegmentRecord(
+            sequence=len(task.segments), text=text, calls=calls, is_last=is_last,
+            estimated_execution_s=estimate, dispatched_s=now, estimated_done_s=done,
+            report_deadline_s=done + self.config.network_latency_s + max(
+                self.config.report_timeout_factor * estimate, self.config.report_timeout_min_s))
+        task.segments.append(segment)
+        if segment.sequence == 0:
+            task.response_time_s = arrive - task.spec.arrival_s
+            task.utility = float(task.spec.tuf.utility(task.response_time_s))
+        self.listener.on_segment(task, segment)
+
+    def _suspend(self, task: TaskRecord, now: float) -> None:
+        self._stop_engine_request(task)
+        task.owed_text = task.generated.cut_for_resume()
+        task.lifecycle.suspend(now)
+        task.queue_slot = self._queue.add(
+            suspended_row(task.spec.tuf, task.spec.arrival_s, task.robot_free_at(now),
+                          len(task.segments), enqueued_s=now, is_urgent=task.spec.is_urgent),
+            key=task.task_id)
+        self._emit(task)
+
+    def _end_generation(self, task: TaskRecord, engine_finished: bool, now: float) -> None:
+        if not engine_finished:
+            self._stop_engine_request(task)
+        else:
+            self._running.pop(task.engine_request_id, None)
+            task.engine_request_id = None
+        if task.held_segments:  # whole-plan dispatch of a plan cut short
+            self._on_segment_text(task, *task.held_segments.pop(), is_last=True, now=now)
+        if not task.segments:
+            self._finish(task, "fail", "the model produced no executable statement", now)
+            return
+        if not task.segments[-1].is_last:
+            # The plan ended right after a segment boundary; tell the robot with an empty closing
+            # segment so it knows nothing more is coming (it reports it at once).
+            self._dispatch(task, "", (), is_last=True, now=now)
+        task.generation_finished = True
+        task.lifecycle.finish_generation(now)
+        self._maybe_complete(task, now)
+        self._emit(task)
+
+    # ------------------------------------------------------------------ completion
+    def _reestimate_after(self, task: TaskRecord, sequence: int) -> None:
+        # Later segments queue behind this one on the robot: shift their estimates.
+        free_at = task.segments[sequence].finished_s
+        for segment in task.segments[sequence + 1:]:
+            if segment.reported:
+                free_at = segment.finished_s
+                continue
+            start = max(segment.dispatched_s + self.config.network_latency_s, free_at)
+            shift = start + segment.estimated_execution_s - segment.estimated_done_s
+            segment.estimated_done_s += shift
+            segment.report_deadline_s += shift
+            free_at = segment.estimated_done_s
+
+    def _maybe_complete(self, task: TaskRecord, now: float) -> None:
+        if task.state != "awaiting_robot" or not all(s.reported for s in task.segments):
+            return
+        finished = max(s.finished_s for s in task.segments)
+        executing = sum(s.finished_s - s.started_s for s in task.segments)
+        task.waiting_time_s = (finished - task.spec.arrival_s) - executing
+        task.lifecycle.complete(now, "all segments executed")
+
+    def _expire_reports(self, now: float) -> None:
+        for task in self.active_tasks():
+            late = [s for s in task.segments if not s.reported and s.report_deadline_s < now]
+            if late:
+                s = late[0]
+                self._finish(task, "fail", (
+                    f"robot {task.spec.robot_id} did not report segment {s.sequence} within "
+                    f"{s.report_deadline_s - s.dispatched_s:.1f} s of dispatch (estimated execution "
+                    f"{s.estimated_execution_s:.1f} s)"), now)
+
+    def _finish(self, task: TaskRecord, trigger: str, reason: str, now: float) -> None:
+        """Terminal transition that releases everything the task holds."""
+        self._stop_engine_request(task)
+        if task.queue_slot is not None:
+            self._queue.remove(task.queue_slot)
+            task.queue_slot = None
+        task.lifecycle.trigger(trigger, now, reason)
+        self._emit(task)
+
+    def _stop_engine_request(self, task: TaskRecord) -> None:
+        if task.engine_request_id is not None:
+            self.engine.abort_request(task.engine_request_id)
+            self._running.pop(task.engine_request_id, None)
+            task.engine_request_id = None
+
+    # ------------------------------------------------------------------ helpers
+    def _skill_set_of(self, spec: TaskSpec) -> SkillSet:
+        skill_set = self.skill_sets.get(spec.skill_set)
+        if skill_set is None:
+            raise TaskRejected("skill_set", f"unknown robot kind {spec.skill_set!r}; known: "
+                                            f"{', '.join(sorted(self.skill_sets))}")
+        return skill_set
+
+    def _prompt_ids(self, skill_set: SkillSet, instruction: str) -> list[int]:
+        messages = skill_set.render_messages(instruction)
+        render = getattr(self.engine, "render_chat", None)
+        if render is not None:
+            return render(messages)
+        return self.engine.tokenize("\n".join(m["content"] for m in messages) + "\n")
+
+    def _emit(self, task: TaskRecord) -> None:
+        self.listener.on_status(TaskSnapshot.of(task))
+
+    # ------------------------------------------------------------------ introspection
+    def queue_length(self) -> int:
+        return len(self._queue)
+
+    def running_request_ids(self) -> list[str]:
+        return list(self._running)
+
+    def snapshots(self, task_ids: Iterable[str] | None = None) -> list[TaskSnapshot]:
+        ids = self.tasks if task_ids is None else task_ids
+        return [TaskSnapshot.of(self.tasks[i]) for i in ids]
+
+
+def _rejected_snapshot(spec: TaskSpec, reason: str) -> TaskSnapshot:
+    nan = float("nan")
+    return TaskSnapshot(task_id=spec.task_id, robot_id=spec.robot_id, state="rejected",
+                        reason=reason, response_time_s=nan, utility=nan, waiting_time_s=nan,
+                        segments_dispatched=0, segments_completed=0, resumes=0,
+                        cached_tokens_last_resume=0, cached_tokens_total=0)
+
+
+ListenerFn = Callable[[TaskSnapshot], None]

@@ -1,0 +1,132 @@
+"""What the scheduler knows about one task: its request, its segments, and its outcome."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from timelyllm_ros.core.generation import GeneratedText
+from timelyllm_ros.core.lifecycle import TaskLifecycle
+from timelyllm_ros.core.skills.base import SkillCall
+from timelyllm_ros.core.tuf import TUF
+
+NAN = float("nan")
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A validated task goal, in the scheduler's clock."""
+
+    task_id: str
+    robot_id: str
+    skill_set: str
+    instruction: str
+    tuf: TUF
+    arrival_s: float
+    urgency: str = ""
+    # Simulated engine only: the plan text it will "generate" (from an LRTrace trace).
+    scripted_plan: str | None = None
+
+    @property
+    def is_urgent(self) -> bool:
+        return self.urgency == "urgent"
+
+
+@dataclass
+class SegmentRecord:
+    sequence: int
+    text: str
+    calls: tuple[SkillCall, ...]
+    is_last: bool
+    estimated_execution_s: float
+    dispatched_s: float
+    # Planner-side estimate of when the robot finishes it; replaced by the report.
+    estimated_done_s: float
+    report_deadline_s: float
+    started_s: float | None = None
+    finished_s: float | None = None
+    success: bool | None = None
+
+    @property
+    def reported(self) -> bool:
+        return self.finished_s is not None
+
+
+@dataclass
+class TaskRecord:
+    spec: TaskSpec
+    lifecycle: TaskLifecycle
+    prompt_ids: list[int] = field(default_factory=list)
+    generated: GeneratedText = field(default_factory=GeneratedText)
+    segments: list[SegmentRecord] = field(default_factory=list)
+    # Segments found while dispatch is "whole": sent together when the plan is complete.
+    held_segments: list[tuple[str, tuple[SkillCall, ...]]] = field(default_factory=list)
+    engine_request_id: str | None = None
+    engine_requests: int = 0
+    queue_slot: int | None = None
+    # Characters a resumed generation must produce first (see GeneratedText.cut_for_resume).
+    owed_text: str = ""
+    tokens_this_run: int = 0
+    run_started_s: float = NAN
+    resumes: int = 0
+    cached_tokens_last_resume: int = 0
+    cached_tokens_total: int = 0
+    awaiting_cached_count: bool = False
+    generation_finished: bool = False
+    response_time_s: float = NAN
+    utility: float = NAN
+    waiting_time_s: float = NAN
+
+    @property
+    def task_id(self) -> str:
+        return self.spec.task_id
+
+    @property
+    def state(self) -> str:
+        return self.lifecycle.state
+
+    @property
+    def segments_completed(self) -> int:
+        return sum(1 for s in self.segments if s.reported)
+
+    def robot_free_at(self, default: float) -> float:
+        """When the robot is expected to have finished every segment dispatched so far."""
+        return self.segments[-1].finished_s or self.segments[-1].estimated_done_s \
+            if self.segments else default
+
+
+@dataclass(frozen=True)
+class TaskSnapshot:
+    """A task's externally visible status (what TaskStatus carries)."""
+
+    task_id: str
+    robot_id: str
+    state: str
+    reason: str
+    response_time_s: float
+    utility: float
+    waiting_time_s: float
+    segments_dispatched: int
+    segments_completed: int
+    resumes: int
+    cached_tokens_last_resume: int
+    cached_tokens_total: int
+
+    @classmethod
+    def of(cls, task: TaskRecord) -> "TaskSnapshot":
+        return cls(
+            task_id=task.task_id, robot_id=task.spec.robot_id, state=task.state,
+            reason=task.lifecycle.reason or "", response_time_s=task.response_time_s,
+            utility=task.utility, waiting_time_s=task.waiting_time_s,
+            segments_dispatched=len(task.segments), segments_completed=task.segments_completed,
+            resumes=task.resumes, cached_tokens_last_resume=task.cached_tokens_last_resume,
+            cached_tokens_total=task.cached_tokens_total,
+        )
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state in ("done", "failed", "rejected", "cancelled")
+
+
+def is_finite(x: float) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)

@@ -1,0 +1,111 @@
+"""Task traces of LRTrace (`lrtrace/traces.yaml`): what each robot task asks and plans.
+
+A trace is model-independent: it fixes the instruction, the robot category, the TUF level and a
+representative plan. Workloads (workload.py) draw tasks from traces; the simulated engine emits
+a trace's plan as its generated text.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+# Robot categories; a category is also the prefix of robot ids (`drone_07`).
+CATEGORIES = ("drone", "arm", "chat")
+
+_REQUIRED = ("id", "instruction", "category", "tuf_level", "skill_set", "plan")
+_OPTIONAL = ("notes",)
+
+
+class TraceError(ValueError):
+    """An invalid trace file; the message names the file, the trace id and the field."""
+
+
+@dataclass(frozen=True)
+class Trace:
+    trace_id: int
+    instruction: str
+    category: str
+    tuf_level: str
+    skill_set: str
+    plan: str
+    notes: str = ""
+
+
+def lrtrace_dir() -> Path:
+    """Folder holding traces.yaml and workloads/: $TIMELYLLM_LRTRACE_DIR, else the repository's."""
+    override = os.environ.get("TIMELYLLM_LRTRACE_DIR")
+    if override:
+        return Path(override)
+    return Path(__file__).resolve().parents[2] / "lrtrace"
+
+
+def default_traces_path() -> Path:
+    return lrtrace_dir() / "traces.yaml"
+
+
+def load_traces(path: str | Path | None = None) -> dict[int, Trace]:
+    """Load and validate a traces file; returns traces keyed by id, in id order."""
+    path = Path(path) if path is not None else default_traces_path()
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise TraceError(f"{path}: invalid YAML: {exc}") from None
+    return traces_from_data(data, origin=str(path))
+
+
+def traces_from_data(data: Any, *, origin: str = "<traces>") -> dict[int, Trace]:
+    if not isinstance(data, Mapping) or not isinstance(data.get("traces"), list):
+        raise TraceError(f"{origin}: expected a mapping with a `traces` list")
+    unknown_top = set(data) - {"schema", "traces"}
+    if unknown_top:
+        raise TraceError(f"{origin}: unknown top-level key {sorted(unknown_top)[0]!r}")
+    traces: dict[int, Trace] = {}
+    for index, entry in enumerate(data["traces"]):
+        trace = _parse_trace(entry, index, origin)
+        if trace.trace_id in traces:
+            raise TraceError(f"{origin}: trace {trace.trace_id}: id: duplicate trace id")
+        traces[trace.trace_id] = trace
+    if not traces:
+        raise TraceError(f"{origin}: traces: no traces defined")
+    return dict(sorted(traces.items()))
+
+
+def _parse_trace(entry: Any, index: int, origin: str) -> Trace:
+    if not isinstance(entry, Mapping):
+        raise TraceError(f"{origin}: traces[{index}]: expected a mapping")
+    tid = entry.get("id")
+    if isinstance(tid, bool) or not isinstance(tid, int) or tid < 1:
+        raise TraceError(f"{origin}: traces[{index}]: id: must be a positive integer, got {tid!r}")
+    where = f"{origin}: trace {tid}"
+    for key in entry:
+        if key not in _REQUIRED and key not in _OPTIONAL:
+            raise TraceError(f"{where}: {key}: unknown field")
+    for key in _REQUIRED[1:]:
+        if key not in entry:
+            raise TraceError(f"{where}: {key}: missing field")
+        value = entry[key]
+        if not isinstance(value, str) or not value.strip():
+            raise TraceError(f"{where}: {key}: must be a non-empty string, got {value!r}")
+    notes = entry.get("notes", "")
+    if not isinstance(notes, str):
+        raise TraceError(f"{where}: notes: must be a string")
+    if entry["category"] not in CATEGORIES:
+        raise TraceError(
+            f"{where}: category: {entry['category']!r} is not one of {', '.join(CATEGORIES)}"
+        )
+    return Trace(
+        trace_id=tid,
+        instruction=entry["instruction"].strip(),
+        category=entry["category"],
+        tuf_level=entry["tuf_level"].strip(),
+        skill_set=entry["skill_set"].strip(),
+        plan=entry["plan"],
+        notes=notes.strip(),
+    )

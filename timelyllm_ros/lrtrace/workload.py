@@ -1,0 +1,429 @@
+"""Workload definitions and their composition into timed events (paper §6, Table 3).
+
+A workload says how tasks arrive: events at Poisson rate `eps` over `duration_s`, each starting
+1..`max_tpe` tasks at once on distinct robots out of `agents`, with traces drawn from `traces`.
+`compose` turns a workload into a concrete, reproducible event list; `save_events` /
+`load_events` keep such a list as human-editable YAML; `parse_event_notation` reads the paper's
+`{(1,2), 3, 4}` notation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import yaml
+
+from timelyllm_ros.lrtrace.traces import Trace, load_traces, lrtrace_dir
+
+
+class WorkloadError(ValueError):
+    """An invalid workload or event list; the message names the file, the key and the reason."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    eps: float  # events per second (Poisson rate)
+    max_tpe: int  # most tasks started by one event
+    traces: tuple[int, ...]
+    agents: int  # robots available
+    duration_s: float
+    seed: int = 0
+    network_latency_s: float = 0.008  # each way (paper §7.2)
+    description: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["traces"] = list(self.traces)
+        return data
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    task_id: int
+    robot_id: str
+    trace_id: int
+    tuf_level: str
+
+
+@dataclass(frozen=True)
+class Event:
+    time_s: float
+    event_id: int
+    tasks: tuple[TaskSpec, ...]
+
+
+_KEYS = {f.name for f in dataclasses.fields(Workload)}
+
+
+def workloads_dir() -> Path:
+    return lrtrace_dir() / "workloads"
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in workloads_dir().glob("*.yaml"))
+
+
+def load_workload(path_or_preset: str | Path,
+                  traces: Mapping[int, Trace] | None = None) -> Workload:
+    """Load a workload file, or a preset by name (`WID1`, case-insensitive) from lrtrace/workloads.
+
+    Trace ids are checked against `traces` (default: lrtrace/traces.yaml).
+    """
+    path = Path(path_or_preset)
+    if not path.is_file():
+        if path.suffix or len(path.parts) > 1:
+            raise WorkloadError(f"{path}: no such workload file")
+        matches = [p for p in workloads_dir().glob("*.yaml")
+                   if p.stem.lower() == str(path_or_preset).lower()]
+        if not matches:
+            raise WorkloadError(
+                f"{path_or_preset}: unknown workload preset (presets: {', '.join(preset_names())})"
+            )
+        path = matches[0]
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise WorkloadError(f"{path}: cannot read: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise WorkloadError(f"{path}: invalid YAML: {exc}") from None
+    return workload_from_dict(data, origin=str(path), default_name=path.stem, traces=traces)
+
+
+def workload_from_dict(data: Any, *, origin: str = "<workload>", default_name: str = "workload",
+                       traces: Mapping[int, Trace] | None = None) -> Workload:
+    if not isinstance(data, Mapping):
+        raise WorkloadError(f"{origin}: expected a mapping of workload keys")
+
+    def fail(key: str, reason: str) -> WorkloadError:
+        return WorkloadError(f"{origin}: {key}: {reason}")
+
+    for key in data:
+        if key not in _KEYS:
+            raise fail(str(key), f"unknown key (known: {', '.join(sorted(_KEYS))})")
+    for key in ("eps", "max_tpe", "traces", "agents", "duration_s"):
+        if key not in data:
+            raise fail(key, "missing")
+
+    def number(key: str, *, positive: bool = False) -> float:
+        value = data[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise fail(key, f"must be a number, got {value!r}")
+        if not math.isfinite(value) or value < 0 or (positive and value == 0):
+            raise fail(key, f"must be {'> 0' if positive else '>= 0'} and finite, got {value!r}")
+        return float(value)
+
+    def integer(key: str, minimum: int) -> int:
+        value = data[key]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise fail(key, f"must be an integer, got {value!r}")
+        if value < minimum:
+            raise fail(key, f"must be >= {minimum}, got {value}")
+        return value
+
+    def text(key: str, default: str) -> str:
+        value = data.get(key, default)
+        if not isinstance(value, str):
+            raise fail(key, f"must be a string, got {value!r}")
+        return value
+
+    eps = number("eps")
+    duration = number("duration_s", positive=True)
+    max_tpe = integer("max_tpe", 1)
+    agents = integer("agents", 1)
+    if max_tpe > agents:
+        raise fail("max_tpe", f"{max_tpe} tasks per event need at least as many agents ({agents})")
+    seed = integer("seed", 0) if "seed" in data else 0
+    latency = number("network_latency_s") if "network_latency_s" in data else 0.008
+    try:
+        trace_ids = _trace_ids(data["traces"])
+    except ValueError as exc:
+        raise fail("traces", str(exc)) from None
+    catalogue = traces if traces is not None else load_traces()
+    for tid in trace_ids:
+        if tid not in catalogue:
+            raise fail("traces", f"unknown trace id {tid}")
+    return Workload(
+        name=text("name", default_name),
+        eps=eps,
+        max_tpe=max_tpe,
+        traces=trace_ids,
+        agents=agents,
+        duration_s=duration,
+        seed=seed,
+        network_latency_s=latency,
+        description=text("description", ""),
+    )
+
+
+_RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
+
+
+def _trace_ids(value: Any) -> tuple[int, ...]:
+    """Trace ids from an int, a `"1-8"` range (Table 3 writes [1-8]), or a list of those."""
+    items = value if isinstance(value, list) else [value]
+    ids: list[int] = []
+    for item in items:
+        if isinstance(item, bool):
+            raise ValueError(f"bad trace id {item!r}")
+        if isinstance(item, int):
+            ids.append(item)
+        elif isinstance(item, str) and _RANGE.match(item):
+            lo, hi = map(int, _RANGE.match(item).groups())
+            if lo > hi:
+                raise ValueError(f"empty range {item!r}")
+            ids.extend(range(lo, hi + 1))
+        elif isinstance(item, str) and item.strip().isdigit():
+            ids.append(int(item))
+        else:
+            raise ValueError(f"bad trace id {item!r} (use integers or ranges like \"1-8\")")
+    if not ids:
+        raise ValueError("no trace ids")
+    if len(set(ids)) != len(ids):
+        raise ValueError("duplicate trace ids")
+    if min(ids) < 1:
+        raise ValueError("trace ids start at 1")
+    return tuple(ids)
+
+
+def _robot_id(category: str, index: int, agents: int) -> str:
+    return f"{category}_{index:0{max(2, len(str(agents - 1)))}d}"
+
+
+def compose(workload: Workload, traces: Mapping[int, Trace] | None = None) -> list[Event]:
+    """Draw the events of a workload; the same workload (and seed) always gives the same list.
+
+    Event times are a Poisson process: exponential gaps of mean 1/eps from t = 0, keeping events
+    before `duration_s`. Each event starts k ~ Uniform{1..max_tpe} tasks; their robots are k
+    distinct agent indices drawn uniformly without replacement, and each task's trace is drawn
+    uniformly from `workload.traces`. Robots are not tracked across events: whether a robot is
+    still busy depends on how fast plans are served, which only the replay knows, so the replayer
+    decides what to do with a task for a busy robot. A robot id is the trace's category and the
+    agent index (`drone_07`), so in a workload mixing categories an index names a robot slot.
+    """
+    catalogue = traces if traces is not None else load_traces()
+    missing = [t for t in workload.traces if t not in catalogue]
+    if missing:
+        raise WorkloadError(f"{workload.name}: traces: unknown trace id {missing[0]}")
+    if workload.max_tpe > workload.agents:
+        raise WorkloadError(f"{workload.name}: max_tpe: exceeds agents ({workload.agents})")
+    events: list[Event] = []
+    if workload.eps <= 0:
+        return events
+    rng = np.random.default_rng(workload.seed)
+    trace_ids = np.asarray(workload.traces)
+    t = 0.0
+    task_id = 0
+    while True:
+        t += float(rng.exponential(1.0 / workload.eps))
+        if t >= workload.duration_s:
+            break
+        k = int(rng.integers(1, workload.max_tpe + 1))
+        robots = rng.choice(workload.agents, size=k, replace=False)
+        drawn = rng.choice(trace_ids, size=k)
+        tasks = []
+        for robot, tid in zip(robots, drawn):
+            trace = catalogue[int(tid)]
+            tasks.append(TaskSpec(task_id, _robot_id(trace.category, int(robot), workload.agents),
+                                  trace.trace_id, trace.tuf_level))
+            task_id += 1
+        events.append(Event(t, len(events), tuple(tasks)))
+    return events
+
+
+# ---- event lists as YAML ----
+
+def save_events(path: str | Path, events: Sequence[Event], comment: str = "") -> None:
+    """Write events as YAML that a person can edit: time, then robot / trace / TUF level per task.
+
+    Event and task ids are not written: `load_events` renumbers in time order, which is how
+    `compose` numbers them, so a saved list loads back equal.
+    """
+    doc = {
+        "events": [
+            {
+                "time_s": float(e.time_s),
+                "tasks": [{"robot": t.robot_id, "trace": t.trace_id, "tuf_level": t.tuf_level}
+                          for t in e.tasks],
+            }
+            for e in events
+        ]
+    }
+    header = "".join(f"# {line}\n" for line in comment.splitlines()) if comment else ""
+    header += ("# One entry per event; tasks of an event start at once. Fields: time_s (seconds\n"
+               "# from the start), robot, trace (id in lrtrace/traces.yaml), tuf_level (optional,\n"
+               "# defaults to the trace's).\n")
+    body = yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=100)
+    Path(path).write_text(header + body, encoding="utf-8")
+
+
+def load_events(path: str | Path, traces: Mapping[int, Trace] | None = None) -> list[Event]:
+    """Read an event list written by `save_events` (or by hand); errors name the event index."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise WorkloadError(f"{path}: cannot read: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise WorkloadError(f"{path}: invalid YAML: {exc}") from None
+    if not isinstance(data, Mapping) or not isinstance(data.get("events"), list):
+        raise WorkloadError(f"{path}: events: expected a mapping with an `events` list")
+    catalogue = traces if traces is not None else load_traces()
+    parsed: list[tuple[float, list[tuple[str, int, str]]]] = []
+    for index, entry in enumerate(data["events"]):
+        parsed.append(_parse_event(entry, f"{path}: event {index}", catalogue))
+    order = sorted(range(len(parsed)), key=lambda i: parsed[i][0])
+    events = []
+    task_id = 0
+    for event_id, i in enumerate(order):
+        time_s, tasks = parsed[i]
+        specs = []
+        for robot, tid, level in tasks:
+            specs.append(TaskSpec(task_id, robot, tid, level))
+            task_id += 1
+        events.append(Event(time_s, event_id, tuple(specs)))
+    return events
+
+
+def _parse_event(entry: Any, where: str,
+                 catalogue: Mapping[int, Trace]) -> tuple[float, list[tuple[str, int, str]]]:
+    if not isinstance(entry, Mapping):
+        raise WorkloadError(f"{where}: expected a mapping with time_s and tasks")
+    for key in entry:
+        if key not in ("time_s", "tasks"):
+            raise WorkloadError(f"{where}: {key}: unknown key")
+    time_s = entry.get("time_s")
+    if isinstance(time_s, bool) or not isinstance(time_s, (int, float)) \
+            or not math.isfinite(time_s) or time_s < 0:
+        raise WorkloadError(f"{where}: time_s: must be a number >= 0, got {time_s!r}")
+    tasks = entry.get("tasks")
+    if not isinstance(tasks, list) or not tasks:
+        raise WorkloadError(f"{where}: tasks: must be a non-empty list")
+    out = []
+    seen: set[str] = set()
+    for j, task in enumerate(tasks):
+        at = f"{where}: tasks[{j}]"
+        if not isinstance(task, Mapping):
+            raise WorkloadError(f"{at}: expected a mapping with robot, trace, tuf_level")
+        for key in task:
+            if key not in ("robot", "trace", "tuf_level"):
+                raise WorkloadError(f"{at}: {key}: unknown key")
+        robot = task.get("robot")
+        if not isinstance(robot, str) or not robot:
+            raise WorkloadError(f"{at}: robot: must be a non-empty string, got {robot!r}")
+        if robot in seen:
+            raise WorkloadError(f"{at}: robot: {robot} already has a task in this event")
+        seen.add(robot)
+        tid = task.get("trace")
+        if isinstance(tid, bool) or not isinstance(tid, int):
+            raise WorkloadError(f"{at}: trace: must be an integer trace id, got {tid!r}")
+        if tid not in catalogue:
+            raise WorkloadError(f"{at}: trace: unknown trace id {tid}")
+        level = task.get("tuf_level", catalogue[tid].tuf_level)
+        if not isinstance(level, str) or not level:
+            raise WorkloadError(f"{at}: tuf_level: must be a non-empty string, got {level!r}")
+        out.append((robot, tid, level))
+    return float(time_s), out
+
+
+# ---- the paper's parallel-event notation ----
+
+_NOTATION_TOKEN = re.compile(r"\s*(?:(?P<trace>[Tt]?\d+)|(?P<sym>[{}(),]))")
+
+
+def parse_event_notation(text: str, traces: Mapping[int, Trace] | None = None, *,
+                         interval_s: float = 1.0, start_s: float = 0.0) -> list[Event]:
+    """Parse `{(1,2), 3, 4}`: each top-level item is an event, a tuple's tasks start together.
+
+    Trace ids may carry a `T` prefix (`(T1,T2)`). The notation has no times, so event i happens
+    at `start_s + i * interval_s`. Every task gets its own robot (`drone_00`, `drone_01`, ...,
+    numbered per category), so no robot is asked to do two things at once.
+    """
+    catalogue = traces if traces is not None else load_traces()
+    tokens = _lex_notation(text)
+    pos = 0
+
+    def peek() -> tuple[str, str, int]:
+        return tokens[pos] if pos < len(tokens) else ("end", "", len(text))
+
+    def expect(sym: str) -> None:
+        nonlocal pos
+        kind, value, at = peek()
+        if kind != "sym" or value != sym:
+            raise WorkloadError(f"event notation: expected {sym!r} at character {at}, "
+                                f"got {value or 'end of text'!r}")
+        pos += 1
+
+    def trace_id() -> int:
+        nonlocal pos
+        kind, value, at = peek()
+        if kind != "trace":
+            raise WorkloadError(f"event notation: expected a trace id at character {at}, "
+                                f"got {value or 'end of text'!r}")
+        pos += 1
+        return int(value.lstrip("Tt"))
+
+    braced = peek()[:2] == ("sym", "{")
+    if braced:
+        expect("{")
+    groups: list[list[int]] = []
+    while True:
+        kind, value, _ = peek()
+        if kind == "sym" and value == "(":
+            pos += 1
+            group = [trace_id()]
+            while peek()[:2] == ("sym", ","):
+                pos += 1
+                group.append(trace_id())
+            expect(")")
+        else:
+            group = [trace_id()]
+        groups.append(group)
+        if peek()[:2] != ("sym", ","):
+            break
+        pos += 1
+    if braced:
+        expect("}")
+    if pos != len(tokens):
+        raise WorkloadError(f"event notation: unexpected {tokens[pos][1]!r} at character "
+                            f"{tokens[pos][2]}")
+
+    counters: dict[str, int] = {}
+    events = []
+    task_id = 0
+    for index, group in enumerate(groups):
+        specs = []
+        for tid in group:
+            if tid not in catalogue:
+                raise WorkloadError(f"event notation: event {index}: unknown trace id {tid}")
+            trace = catalogue[tid]
+            n = counters.get(trace.category, 0)
+            counters[trace.category] = n + 1
+            specs.append(TaskSpec(task_id, f"{trace.category}_{n:02d}", tid, trace.tuf_level))
+            task_id += 1
+        events.append(Event(start_s + index * interval_s, index, tuple(specs)))
+    return events
+
+
+def _lex_notation(text: str) -> list[tuple[str, str, int]]:
+    tokens = []
+    pos = 0
+    while pos < len(text):
+        if text[pos:].strip() == "":
+            break
+        match = _NOTATION_TOKEN.match(text, pos)
+        if not match:
+            bad = len(text[pos:]) - len(text[pos:].lstrip()) + pos
+            raise WorkloadError(f"event notation: unexpected {text[bad]!r} at character {bad}")
+        kind = "trace" if match.group("trace") else "sym"
+        tokens.append((kind, match.group(kind), match.start(kind)))
+        pos = match.end()
+    if not tokens:
+        raise WorkloadError("event notation: empty")
+    return tokens
