@@ -291,7 +291,7 @@ _condition = st.lists(st.tuples(st.sampled_from("&|"), _comparison), min_size=1,
 
 
 def _blocks(body):
-    heads = st.one_of(st.integers(1, 12).map(str), _condition.map(lambda c: "?" + c))
+    heads = st.one_of(st.integers(2, 12).map(str), _condition.map(lambda c: "?" + c))
     bodies = st.tuples(st.lists(body, min_size=1, max_size=3), st.booleans())
     return st.tuples(heads, bodies).map(
         lambda t: t[0] + "{" + ";".join(t[1][0]) + (";" if t[1][1] else "") + "}"
