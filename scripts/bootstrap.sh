@@ -14,7 +14,7 @@ VENV="$ROOT/.venv"
 PY="$VENV/bin/python"
 STAMPS="$ROOT/.cache/stamps"
 WITH_MODEL=1
-[[ "${1:-}" == "--no-model" ]] && WITH_MODEL=0
+if [[ "${1:-}" == "--no-model" ]]; then WITH_MODEL=0; fi
 
 log() { printf '\033[1m[bootstrap]\033[0m %s\n' "$*"; }
 # Registries here warn about every missing local index entry; keep the output readable.
@@ -76,7 +76,7 @@ fi
 #    dirs; any interface that depends on builtin_interfaces fails to generate without this.
 py_include=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
 np_include=$("$PY" -c 'import numpy; print(numpy.get_include())')
-grep -rl "/opt/python/cp311-cp311" "$VENV"/share/*/cmake/ 2>/dev/null | while read -r f; do
+for f in $(grep -rl "/opt/python/cp311-cp311" "$VENV"/share/*/cmake/ 2>/dev/null || true); do
   sed -i -e "s#/opt/python/cp311-cp311/lib/python3.11/site-packages/numpy/_core/include#${np_include}#g" \
          -e "s#/opt/python/cp311-cp311/include/python3.11#${py_include}#g" "$f"
 done

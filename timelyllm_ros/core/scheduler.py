@@ -17,10 +17,17 @@ come back through `on_report`.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
+import numbers
+import re
+import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterable, Protocol
+
+import numpy as np
 
 from timelyllm_ros.core.admission import (BlocksOnlyAdmission, FixedBatchCap, LatencyGuidedAdmission,
                                           TokenRateMeter)
@@ -67,6 +74,11 @@ class SchedulerConfig:
     # to finish the previous segment; None resumes as soon as admission allows.
     resume_lead_s: float | None = None
     rate_window_steps: int = 8
+    # `fetch_overhead_s` keeps at most this many recent fetch times (a planner runs for days).
+    overhead_history: int = 100_000
+    # Terminal tasks kept in `tasks` (oldest dropped first); None keeps every task, which the
+    # bench needs for its results. A long-running planner should set a bound.
+    max_finished_tasks: int | None = None
 
 
 class SegmentScheduler:
@@ -80,6 +92,10 @@ class SegmentScheduler:
         self.listener = listener
         self.config = config or SchedulerConfig()
         self.tasks: dict[str, TaskRecord] = {}
+        # Non-terminal tasks, in submission order (every tick looks at them, never at old ones).
+        self._active: dict[str, TaskRecord] = {}
+        self._finished_order: deque[str] = deque()
+        self._submissions = itertools.count()
         self._queue = QueueArrays()
         self._running: dict[str, TaskRecord] = {}  # engine request id -> task
         self._rate = TokenRateMeter(self.config.rate_window_steps)
@@ -104,7 +120,8 @@ class SegmentScheduler:
             # The existing task is untouched; the duplicate gets a rejection of its own.
             self.listener.on_status(_rejected_snapshot(spec, "task_id: duplicate of a known task"))
             raise TaskRejected("task_id", "duplicate of a known task")
-        task = TaskRecord(spec=spec, lifecycle=TaskLifecycle(now, spec.task_id))
+        task = TaskRecord(spec=spec, lifecycle=TaskLifecycle(now, spec.task_id),
+                          submit_index=next(self._submissions))
         try:
             skill_set = self._skill_set_of(spec)
             task.prompt_ids = self._prompt_ids(skill_set, spec.instruction)
@@ -114,12 +131,21 @@ class SegmentScheduler:
                     "instruction", f"prompt is {len(task.prompt_ids)} tokens; the model context of "
                     f"{self.engine.max_model_len()} leaves {budget} after {skill_set.max_plan_tokens} "
                     "plan tokens")
+            kv = self.engine.kv_usage()
+            need = -(-(len(task.prompt_ids) + skill_set.max_plan_tokens) // max(1, kv.block_size))
+            if need > kv.total_blocks:
+                # It could never be admitted, and would block the head of the queue for good.
+                raise TaskRejected(
+                    "instruction", f"prompt and plan need {need} KV blocks; the engine has "
+                    f"{kv.total_blocks} in all")
         except TaskRejected as err:
             task.lifecycle.reject(now, str(err))
             self.tasks[spec.task_id] = task
+            self._forget_old(task)
             self._emit(task)
             raise
         self.tasks[spec.task_id] = task
+        self._active[spec.task_id] = task
         task.lifecycle.accept(now)
         task.queue_slot = self._queue.add(
             initial_row(spec.tuf, spec.arrival_s, enqueued_s=now, is_urgent=spec.is_urgent),
@@ -133,15 +159,23 @@ class SegmentScheduler:
         task = self.tasks.get(task_id)
         if task is None:
             raise KeyError(f"task_id: no task {task_id!r}")
-        if not 0 <= sequence < len(task.segments):
-            raise ValueError(f"sequence: task {task_id!r} has no dispatched segment {sequence}")
+        if isinstance(sequence, bool) or not isinstance(sequence, numbers.Integral) \
+                or not 0 <= sequence < len(task.segments):
+            raise ValueError(f"sequence: task {task_id!r} has no dispatched segment {sequence!r} "
+                             f"({len(task.segments)} dispatched)")
+        # Bad times are the robot's bug and must be reported even when the report is moot.
+        if not _is_time(started_s):
+            raise ValueError(f"started: {started_s!r} is not a finite time")
+        if not _is_time(finished_s):
+            raise ValueError(f"finished: {finished_s!r} is not a finite time")
+        if finished_s < started_s:
+            raise ValueError(f"finished: {finished_s} is before started {started_s}")
         if task.lifecycle.is_terminal:
             return
-        segment = task.segments[sequence]
+        segment = task.segments[int(sequence)]
         if segment.reported:
             return
-        if not (math.isfinite(started_s) and math.isfinite(finished_s)) or finished_s < started_s:
-            raise ValueError(f"finished: {finished_s} is before started {started_s} or not finite")
+        started_s, finished_s = float(started_s), float(finished_s)
         segment.started_s, segment.finished_s, segment.success = started_s, finished_s, success
         if success and segment.calls:
             self.exec_model.observe_segment(segment.calls, finished_s - started_s)
@@ -167,12 +201,15 @@ class SegmentScheduler:
         return bool(self._running) or len(self._queue) > 0
 
     def active_tasks(self) -> list[TaskRecord]:
-        return [t for t in self.tasks.values() if not t.lifecycle.is_terminal]
+        return list(self._active.values())
 
     def next_timer_s(self) -> float | None:
         """Earliest time something happens without new input (report deadline, resume lead)."""
-        times = [s.report_deadline_s for t in self.active_tasks() for s in t.segments
-                 if not s.reported]
+        times = []
+        for task in self._active.values():
+            segment = _first_unreported(task)
+            if segment is not None:
+                times.append(segment.report_deadline_s)
         if self.config.resume_lead_s is not None and len(self._queue):
             view = self._queue.view()
             times.append(float((view.reference_s - self.config.resume_lead_s).min()))
@@ -200,12 +237,27 @@ class SegmentScheduler:
 
     def warm_prefix_cache(self) -> None:
         """Prefill each skill set's fixed prompt once so the first real task finds it cached."""
+        warming = set()
         for name, skill_set in self.skill_sets.items():
             ids = self._prompt_ids(skill_set, "")
-            self.engine.add_request(EngineRequest(f"__warmup__{name}", ids, max_tokens=1,
+            request_id = f"__warmup__{name}"
+            # Constrained like real plans, so the grammar is compiled now rather than on the first task.
+            self.engine.add_request(EngineRequest(request_id, ids, max_tokens=1,
+                                                  output_regex=skill_set.output_regex(),
                                                   scripted_text=" "))
-        while self.engine.has_unfinished_requests():
-            self.engine.step()
+            warming.add(request_id)
+        while warming and self.engine.has_unfinished_requests():
+            outputs = self.engine.step()
+            now = self.engine.now()
+            for output in outputs:
+                if output.request_id in warming:
+                    if output.finished:
+                        warming.discard(output.request_id)
+                    continue
+                # Called with plans already running: their tokens must not be lost.
+                task = self._running.get(output.request_id)
+                if task is not None:
+                    self._consume(task, output, now)
 
     def shutdown(self, reason: str = "planner shutting down") -> None:
         for task in self.active_tasks():
@@ -215,18 +267,24 @@ class SegmentScheduler:
     def _admit(self, now: float) -> None:
         if not len(self._queue):
             return
-        import time as _time
-
-        started = _time.perf_counter()
+        started = time.perf_counter()
         view = self._queue.view()
-        priorities = self.policy.priorities(view, now)
-        order = priorities.argsort()[::-1]
+        priorities = np.asarray(self.policy.priorities(view, now), dtype=float)
+        row_keys = [self._queue.key_at(i) for i in range(len(view))]
+        # Highest priority first; equal priorities in submission order. (Queue rows are not in
+        # submission order: removal moves the last row into the hole. A plain reversed argsort
+        # served ties last-submitted first, so FCFS admitted simultaneous arrivals backwards.)
+        submitted = np.fromiter((self.tasks[k].submit_index for k in row_keys), dtype=np.int64,
+                                count=len(row_keys))
+        order = np.lexsort((submitted, -priorities))
         eligible_from = None
         if self.config.resume_lead_s is not None:
             eligible_from = view.reference_s - self.config.resume_lead_s
-        keys = [self._queue.key_at(int(i)) for i in order
+        keys = [row_keys[i] for i in order
                 if eligible_from is None or view.segment_index[i] == 0 or eligible_from[i] <= now]
-        self.fetch_overhead_s.append(_time.perf_counter() - started)
+        self.fetch_overhead_s.append(time.perf_counter() - started)
+        if len(self.fetch_overhead_s) > 2 * self.config.overhead_history:
+            del self.fetch_overhead_s[:-self.config.overhead_history]
         for task_id in keys:
             task = self.tasks[task_id]
             ok, _why = self._admission.may_admit(
@@ -258,8 +316,9 @@ class SegmentScheduler:
         self._queue.remove(task.queue_slot)
         task.queue_slot = None
         skill_set = self._skill_set_of(task.spec)
-        remaining_statements = skill_set.max_statements - task.generated.statements_done
-        program = skill_set.language.output_regex(max(1, remaining_statements))
+        # One regex per skill set (the statement limit is enforced here, not in the grammar):
+        # vLLM compiles each distinct grammar once, and a compile costs seconds on a small CPU.
+        program = skill_set.output_regex()
         generated_ids = task.generated.token_ids
         request_id = f"{task.task_id}#{task.engine_requests}"
         task.engine_requests += 1
@@ -270,13 +329,22 @@ class SegmentScheduler:
         scripted = None
         if task.spec.scripted_plan is not None:
             scripted = task.spec.scripted_plan[len(task.generated.text):]
-        self.engine.add_request(EngineRequest(
-            request_id=request_id,
-            prompt_token_ids=[*task.prompt_ids, *generated_ids],
-            max_tokens=max(1, skill_set.max_plan_tokens - len(generated_ids)),
-            output_regex=resume_regex(task.owed_text, program),
-            scripted_text=scripted,
-        ))
+        # A plan suspended at the end of a complete program may stop right there; without this
+        # a resumed generation would be forced to add statements until max_statements.
+        may_end = resuming and program is not None and _is_complete_program(
+            skill_set.output_regex(), task.generated.text + task.owed_text)
+        try:
+            self.engine.add_request(EngineRequest(
+                request_id=request_id,
+                prompt_token_ids=[*task.prompt_ids, *generated_ids],
+                max_tokens=max(1, skill_set.max_plan_tokens - len(generated_ids)),
+                output_regex=resume_regex(task.owed_text, program, may_end=may_end),
+                scripted_text=scripted,
+            ))
+        except Exception as err:  # noqa: BLE001 - the engine refused it; the task cannot run
+            log.warning("engine refused request %s: %s", request_id, err)
+            self._finish(task, "fail", f"engine refused the generation: {err}", now)
+            return
         task.engine_request_id = request_id
         task.tokens_this_run = 0
         task.run_started_s = now
@@ -411,12 +479,15 @@ class SegmentScheduler:
         executing = sum(s.finished_s - s.started_s for s in task.segments)
         task.waiting_time_s = (finished - task.spec.arrival_s) - executing
         task.lifecycle.complete(now, "all segments executed")
+        self._forget_old(task)
 
     def _expire_reports(self, now: float) -> None:
-        for task in self.active_tasks():
-            late = [s for s in task.segments if not s.reported and s.report_deadline_s < now]
-            if late:
-                s = late[0]
+        # A robot executes its segments in order: only the first unreported one can be overdue.
+        # (A later segment's deadline assumes the earlier ones finished as estimated; it is
+        # re-estimated when they are reported, see _reestimate_after.)
+        for task in list(self._active.values()):
+            s = _first_unreported(task)
+            if s is not None and s.report_deadline_s < now:
                 self._finish(task, "fail", (
                     f"robot {task.spec.robot_id} did not report segment {s.sequence} within "
                     f"{s.report_deadline_s - s.dispatched_s:.1f} s of dispatch (estimated execution "
@@ -429,6 +500,7 @@ class SegmentScheduler:
             self._queue.remove(task.queue_slot)
             task.queue_slot = None
         task.lifecycle.trigger(trigger, now, reason)
+        self._forget_old(task)
         self._emit(task)
 
     def _stop_engine_request(self, task: TaskRecord) -> None:
@@ -438,6 +510,18 @@ class SegmentScheduler:
             task.engine_request_id = None
 
     # ------------------------------------------------------------------ helpers
+    def _forget_old(self, task: TaskRecord) -> None:
+        """Book-keeping once `task` is terminal."""
+        self._active.pop(task.task_id, None)
+        limit = self.config.max_finished_tasks
+        if limit is None:
+            return
+        self._finished_order.append(task.task_id)
+        while len(self._finished_order) > limit:
+            old = self._finished_order.popleft()
+            if old in self.tasks and self.tasks[old].lifecycle.is_terminal:
+                del self.tasks[old]
+
     def _skill_set_of(self, spec: TaskSpec) -> SkillSet:
         skill_set = self.skill_sets.get(spec.skill_set)
         if skill_set is None:
@@ -473,6 +557,26 @@ def _rejected_snapshot(spec: TaskSpec, reason: str) -> TaskSnapshot:
                         reason=reason, response_time_s=nan, utility=nan, waiting_time_s=nan,
                         segments_dispatched=0, segments_completed=0, resumes=0,
                         cached_tokens_last_resume=0, cached_tokens_total=0)
+
+
+def _is_time(x: object) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _first_unreported(task: TaskRecord) -> SegmentRecord | None:
+    for segment in task.segments:
+        if not segment.reported:
+            return segment
+    return None
+
+
+def _is_complete_program(regex: str | None, text: str) -> bool:
+    if regex is None or not text:
+        return False
+    try:
+        return re.fullmatch(regex, text) is not None
+    except re.error:
+        return False
 
 
 ListenerFn = Callable[[TaskSnapshot], None]

@@ -76,6 +76,8 @@ class TaskRecord:
     response_time_s: float = NAN
     utility: float = NAN
     waiting_time_s: float = NAN
+    # Order of submission to the scheduler (ties in priority are served in this order).
+    submit_index: int = 0
 
     @property
     def task_id(self) -> str:
@@ -91,8 +93,12 @@ class TaskRecord:
 
     def robot_free_at(self, default: float) -> float:
         """When the robot is expected to have finished every segment dispatched so far."""
-        return self.segments[-1].finished_s or self.segments[-1].estimated_done_s \
-            if self.segments else default
+        if not self.segments:
+            return default
+        last = self.segments[-1]
+        # `is None`, not `or`: a report that finished at t = 0.0 (virtual clocks start there)
+        # is a real time, not a missing one.
+        return last.finished_s if last.finished_s is not None else last.estimated_done_s
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,534 @@
+"""Discrete-event replay of a composed workload against one scheduling policy.
+
+The harness drives the very `SegmentScheduler` the ROS planner node runs, with:
+
+- an engine: the calibrated `SimulatedEngine` (virtual clock; plans are the traces' scripted
+  plans) or the real vLLM engine (wall clock; plans are generated, the loop sleeps until events);
+- simulated robots (`SimulatedRobots`): each robot executes the segments dispatched to it in order,
+  one at a time, with durations drawn from the execution-time model, and reports each finished
+  segment back. One-way network latency (the workload's, 8 ms in the paper) is added on the way to
+  the robot and on the way back.
+
+Loop: handle every event due at `engine.now()` (task arrivals -> `submit`, robot reports arriving
+at the planner -> `on_report`), then `tick()` the scheduler (one engine step). When nothing can run,
+jump (or, on the real engine, sleep) to the next event or scheduler timer. The run stops when
+every task is terminal.
+
+Determinism: event lists come from `compose` (seeded); the duration of the i-th skill call of a
+task is drawn from a Generator seeded by (seed, task number, i), so every policy sees exactly the
+same robot execution times, whatever order the calls are executed or generated in. The simulated
+engine is deterministic too, so the same seed gives the same results.
+
+Busy robots: `compose` draws robots per event without tracking whether a robot is still busy with
+a task from an earlier event. By default (`robots="queue"`) a robot serves its tasks in arrival
+order, like a real robot that does not interleave two plans: segments of a newer task wait until
+the robot has finished the last segment of every earlier task. The time a segment spends waiting
+for *another* task is not the LLM's doing, so it is recorded per task (`robot_blocked_s`) and
+subtracted from the reported waiting time; response time and utility (the LLM's first response)
+are unaffected by it. `robots="parallel"` gives every task its own executor instead (no blocking).
+The scheduler is not told about such blocking, so the bench raises the scheduler's report
+timeout (`report_timeout_min_s`) so that a segment queued behind another task is not declared lost.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from timelyllm_ros.core.engine.cost_model import EngineProfile
+from timelyllm_ros.core.exec_model import ExecutionTimeModel
+from timelyllm_ros.core.policies.registry import get_policy
+from timelyllm_ros.core.scheduler import SchedulerConfig, SegmentScheduler, TaskRejected
+from timelyllm_ros.core.skills.skillset import SkillSet, load_skillsets
+from timelyllm_ros.core.task import SegmentRecord, TaskRecord, TaskSnapshot, TaskSpec
+from timelyllm_ros.core.tuf import TufLevels, default_config_dir, load_tuf_levels
+from timelyllm_ros.lrtrace.traces import Trace, load_traces
+from timelyllm_ros.lrtrace.workload import Event, Workload
+
+NAN = float("nan")
+
+ENGINES = ("sim", "vllm")
+ROBOT_MODES = ("queue", "parallel")
+
+# Tuned defaults (see docs/bench.md, "Tuning"): suspended generations are resumed as soon as
+# admission allows (None), and TimelyLLM's g is the paper's profiled 90 ms.
+DEFAULT_RESUME_LEAD_S: float | None = None
+DEFAULT_GEN_TIME_S: float | None = None  # None = the policy's own default (0.09 s)
+
+
+def default_profile_path() -> Path:
+    return default_config_dir() / "engine_profiles" / "llama3-8b-rtx4090.yaml"
+
+
+def task_type(category: str, tuf_level: str) -> str:
+    """Task type for reporting: drone tasks split by TUF level (`drone-normal`, `drone-urgent`);
+    other categories by name (`arm`, `chat`), with `-<level>` added for a non-default level
+    (`arm-urgent`)."""
+    if category == "drone":
+        return f"drone-{tuf_level}"
+    if tuf_level in ("normal", "chat", "") or tuf_level == category:
+        return category
+    return f"{category}-{tuf_level}"
+
+
+@dataclass
+class BenchConfig:
+    """How to replay: engine, seeds, and the levers a run may tune."""
+
+    engine: str = "sim"
+    # Simulated engine: an EngineProfile, a YAML path, or None for the default profile.
+    profile: EngineProfile | str | Path | None = None
+    # Real engine: local model directory, plus extra VllmEngineConfig fields.
+    model: str | None = None
+    vllm_config: Mapping[str, Any] = field(default_factory=dict)
+    # Seed of robot execution durations (None = the workload's seed).
+    seed: int | None = None
+    batch_cap: int | None = None
+    resume_lead_s: float | None = DEFAULT_RESUME_LEAD_S
+    # Override of TimelyLLM's g (applied to every policy that has a gen_time_s parameter).
+    gen_time_s: float | None = DEFAULT_GEN_TIME_S
+    # Extra constructor parameters per policy name, e.g. {"timelyllm-exp_decay": {...}}.
+    policy_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    robots: str = "queue"
+    # None = the workload's one-way latency.
+    network_latency_s: float | None = None
+    # Simulated robots never die; see the module docstring for why this is large.
+    report_timeout_min_s: float = 3600.0
+    skillsets_dir: str | Path | None = None
+    exec_model_path: str | Path | None = None
+    tuf_levels_path: str | Path | None = None
+    # Abort a run whose clock passes the last arrival by this much (a stuck replay).
+    max_overrun_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine: must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.robots not in ROBOT_MODES:
+            raise ValueError(f"robots: must be one of {', '.join(ROBOT_MODES)}, got {self.robots!r}")
+        if self.batch_cap is not None and self.batch_cap < 1:
+            raise ValueError(f"batch_cap: must be >= 1, got {self.batch_cap}")
+        if self.resume_lead_s is not None and not self.resume_lead_s >= 0:
+            raise ValueError(f"resume_lead_s: must be >= 0, got {self.resume_lead_s}")
+
+    def load_profile(self) -> EngineProfile:
+        if isinstance(self.profile, EngineProfile):
+            return self.profile
+        return EngineProfile.from_yaml(self.profile if self.profile is not None
+                                       else default_profile_path())
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "engine": self.engine, "batch_cap": self.batch_cap,
+            "resume_lead_s": self.resume_lead_s, "gen_time_s": self.gen_time_s,
+            "robots": self.robots, "report_timeout_min_s": self.report_timeout_min_s,
+        }
+        if self.engine == "sim":
+            out["profile"] = self.load_profile().name
+        else:
+            out["model"] = self.model
+        if self.policy_params:
+            out["policy_params"] = {k: dict(v) for k, v in self.policy_params.items()}
+        return out
+
+
+@dataclass
+class SegmentResult:
+    sequence: int
+    text: str
+    is_last: bool
+    dispatched_s: float
+    started_s: float
+    finished_s: float
+
+
+@dataclass
+class TaskResult:
+    """One task's outcome. Times are seconds from the start of the replay."""
+
+    task_id: str
+    trace_id: int
+    category: str
+    tuf_level: str
+    task_type: str
+    robot_id: str
+    arrival_s: float
+    ert_s: float
+    state: str = "done"
+    reason: str = ""
+    response_time_s: float = NAN
+    utility: float = NAN
+    # Waiting caused by LLM planning: completion - arrival - execution - robot_blocked.
+    waiting_time_s: float = NAN
+    # The scheduler's own figure, which includes time the robot spent on other tasks.
+    sched_waiting_time_s: float = NAN
+    robot_blocked_s: float = 0.0
+    execution_s: float = NAN
+    completion_s: float = NAN
+    resumes: int = 0
+    event_id: int = -1
+    segments: list[SegmentResult] = field(default_factory=list)
+    # Intervals in which the task's generation was running in the engine.
+    generation_spans: list[tuple[float, float]] = field(default_factory=list)
+
+    @property
+    def is_done(self) -> bool:
+        return self.state == "done"
+
+
+@dataclass
+class RunResult:
+    policy: str
+    tasks: list[TaskResult]
+    fetch_overhead_s: list[float]
+    steps: int
+    clock_s: float  # replay duration on the engine's clock
+    wall_s: float
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def scheduling_overhead_ms(self) -> float:
+        if not self.fetch_overhead_s:
+            return 0.0
+        return float(np.mean(self.fetch_overhead_s)) * 1e3
+
+
+# ---------------------------------------------------------------------------------- robots
+
+@dataclass
+class _PendingSegment:
+    sequence: int
+    calls: tuple
+    is_last: bool
+    ready_s: float  # when it reaches the robot
+
+
+@dataclass
+class _RobotTask:
+    task_id: str
+    task_num: int
+    pending: deque = field(default_factory=deque)
+    next_call: int = 0
+    last_finish: float = -math.inf
+    blocked_s: float = 0.0
+    execution_s: float = 0.0
+    finished: bool = False  # its last segment is scheduled on the robot
+    dropped: bool = False
+
+
+class SimulatedRobots:
+    """Robots that execute dispatched segments in order, one at a time, and report back.
+
+    Each robot keeps its tasks in arrival order and works on the oldest unfinished one; a task's
+    segments run back to back as they arrive. When a segment can start is known as soon as it is
+    dispatched (or as soon as the robot's earlier task is finished), so start/finish times are
+    computed exactly and the report is scheduled with `schedule_report(at, task_id, sequence,
+    started, finished)` at finish + latency.
+    """
+
+    def __init__(self, exec_model: ExecutionTimeModel, seed: int, latency_s: float, mode: str,
+                 schedule_report: Callable[[float, str, int, float, float], None]):
+        if mode not in ROBOT_MODES:
+            raise ValueError(f"robots: must be one of {', '.join(ROBOT_MODES)}, got {mode!r}")
+        self.exec_model = exec_model
+        self.seed = int(seed)
+        self.latency_s = float(latency_s)
+        self.mode = mode
+        self._schedule_report = schedule_report
+        self._queues: dict[str, deque[_RobotTask]] = {}
+        self._free_at: dict[str, float] = {}
+        self._tasks: dict[str, _RobotTask] = {}
+        self._robot_of: dict[str, str] = {}
+
+    def call_duration(self, task_num: int, call_index: int, call) -> float:
+        """Duration of a task's `call_index`-th call; the same for every policy and run."""
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed, int(task_num),
+                                                            int(call_index)]))
+        return float(self.exec_model.sample_segment((call,), rng))
+
+    def add_task(self, task_id: str, task_num: int, robot_id: str) -> None:
+        key = robot_id if self.mode == "queue" else f"{robot_id}/{task_id}"
+        rt = _RobotTask(task_id, task_num)
+        self._tasks[task_id] = rt
+        self._robot_of[task_id] = key
+        self._queues.setdefault(key, deque()).append(rt)
+        self._free_at.setdefault(key, -math.inf)
+
+    def dispatch(self, task_id: str, segment: SegmentRecord) -> None:
+        rt = self._tasks[task_id]
+        rt.pending.append(_PendingSegment(segment.sequence, tuple(segment.calls), segment.is_last,
+                                          segment.dispatched_s + self.latency_s))
+        self._advance(self._robot_of[task_id])
+
+    def drop(self, task_id: str) -> None:
+        """The task ended without finishing (failed / cancelled): the robot moves on."""
+        rt = self._tasks.get(task_id)
+        if rt is None or rt.finished or rt.dropped:
+            return
+        rt.dropped = True
+        rt.pending.clear()
+        self._advance(self._robot_of[task_id])
+
+    def blocked_s(self, task_id: str) -> float:
+        return self._tasks[task_id].blocked_s
+
+    def execution_s(self, task_id: str) -> float:
+        return self._tasks[task_id].execution_s
+
+    def _advance(self, robot: str) -> None:
+        queue = self._queues[robot]
+        while queue:
+            head = queue[0]
+            while head.pending and not head.dropped:
+                seg = head.pending.popleft()
+                own_ready = max(seg.ready_s, head.last_finish)
+                start = max(own_ready, self._free_at[robot])
+                head.blocked_s += start - own_ready
+                duration = 0.0
+                for call in seg.calls:
+                    duration += self.call_duration(head.task_num, head.next_call, call)
+                    head.next_call += 1
+                finish = start + duration
+                head.execution_s += duration
+                head.last_finish = finish
+                self._free_at[robot] = finish
+                self._schedule_report(finish + self.latency_s, head.task_id, seg.sequence,
+                                      start, finish)
+                if seg.is_last:
+                    head.finished = True
+                    break
+            if head.finished or head.dropped:
+                queue.popleft()
+                continue
+            break
+
+
+# ---------------------------------------------------------------------------------- the replay
+
+class _Listener:
+    def __init__(self, robots: SimulatedRobots, on_terminal: Callable[[TaskSnapshot], None]):
+        self.robots = robots
+        self.on_terminal = on_terminal
+        self.terminal: set[str] = set()
+
+    def on_segment(self, task: TaskRecord, segment: SegmentRecord) -> None:
+        self.robots.dispatch(task.task_id, segment)
+
+    def on_status(self, snapshot: TaskSnapshot) -> None:
+        if snapshot.is_terminal and snapshot.task_id not in self.terminal:
+            self.terminal.add(snapshot.task_id)
+            if snapshot.state != "done" and snapshot.task_id in self.robots._tasks:
+                self.robots.drop(snapshot.task_id)
+            self.on_terminal(snapshot)
+
+
+def make_policy(name: str, config: BenchConfig):
+    """The named policy with the run's overrides (KeyError names the known policies)."""
+    params = dict(config.policy_params.get(name, {}))
+    policy = get_policy(name, **params)
+    if config.gen_time_s is not None and hasattr(policy, "gen_time_s") \
+            and "gen_time_s" not in params:
+        policy = get_policy(name, gen_time_s=config.gen_time_s, **params)
+    return policy
+
+
+def build_engine(config: BenchConfig):
+    if config.engine == "sim":
+        from timelyllm_ros.core.engine.sim_engine import SimulatedEngine
+        return SimulatedEngine(config.load_profile())
+    if not config.model:
+        raise ValueError("engine vllm: --model DIR (a local model directory) is required")
+    from timelyllm_ros.core.engine.vllm_engine import VllmEngine, VllmEngineConfig
+    return VllmEngine(VllmEngineConfig.from_mapping({"model": str(config.model),
+                                                     **dict(config.vllm_config)}))
+
+
+ProgressFn = Callable[[int, int, float], None]
+
+
+def run_policy(events: Sequence[Event], policy_name: str, workload: Workload,
+               config: BenchConfig | None = None, *, traces: Mapping[int, Trace] | None = None,
+               tuf_levels: TufLevels | None = None,
+               skill_sets: Mapping[str, SkillSet] | None = None,
+               engine=None, progress: ProgressFn | None = None) -> RunResult:
+    """Replay `events` under `policy_name` and return every task's outcome.
+
+    `engine`: an engine to reuse (the real vLLM engine is expensive to build); by default a fresh
+    one is built from `config` (always pass none for the simulated engine, whose clock and cache
+    must start fresh for every policy).
+    """
+    config = config or BenchConfig()
+    wall_start = time.perf_counter()
+    traces = traces if traces is not None else load_traces()
+    tuf_levels = tuf_levels if tuf_levels is not None else load_tuf_levels(config.tuf_levels_path)
+    if skill_sets is None:
+        skill_sets = load_skillsets(config.skillsets_dir or default_config_dir() / "skillsets")
+    exec_model = ExecutionTimeModel.from_yaml(config.exec_model_path)  # fresh: it learns online
+    policy = make_policy(policy_name, config)
+    latency = workload.network_latency_s if config.network_latency_s is None \
+        else config.network_latency_s
+    seed = workload.seed if config.seed is None else config.seed
+    own_engine = engine is None
+    if engine is None:
+        engine = build_engine(config)
+    simulated = config.engine == "sim"
+
+    heap: list[tuple[float, int, str, Any]] = []
+    order = 0
+
+    def push(at: float, kind: str, payload: Any) -> None:
+        nonlocal order
+        heapq.heappush(heap, (at, order, kind, payload))
+        order += 1
+
+    total = sum(len(e.tasks) for e in events)
+    done_count = 0
+    t0 = 0.0
+
+    def on_terminal(_snap: TaskSnapshot) -> None:
+        nonlocal done_count
+        done_count += 1
+        if progress is not None:
+            progress(done_count, total, engine.now() - t0)
+
+    robots = SimulatedRobots(exec_model, seed, latency, config.robots,
+                             lambda at, tid, seq, st, fin: push(at, "report", (tid, seq, st, fin)))
+    listener = _Listener(robots, on_terminal)
+    scheduler = SegmentScheduler(
+        engine, policy, dict(skill_sets), exec_model, listener,
+        SchedulerConfig(network_latency_s=latency, batch_cap=config.batch_cap,
+                        resume_lead_s=config.resume_lead_s,
+                        report_timeout_min_s=config.report_timeout_min_s))
+    scheduler.warm_prefix_cache()
+
+    t0 = engine.now()
+    meta: dict[str, tuple[Any, Trace, int]] = {}
+    for event in events:
+        push(t0 + event.time_s, "arrival", event)
+    arrivals_left = len(events)
+    last_arrival = t0 + (max((e.time_s for e in events), default=0.0))
+
+    try:
+        while True:
+            now = engine.now()
+            while heap and heap[0][0] <= now:
+                at, _, kind, payload = heapq.heappop(heap)
+                if kind == "arrival":
+                    arrivals_left -= 1
+                    _submit_event(scheduler, robots, payload, at, traces, tuf_levels, simulated,
+                                  meta)
+                else:
+                    task_id, seq, started, finished = payload
+                    scheduler.on_report(task_id, seq, started, finished, True)
+            if arrivals_left == 0 and len(listener.terminal) >= len(scheduler.tasks):
+                break
+            if now > last_arrival + config.max_overrun_s:
+                stuck = [t.task_id for t in scheduler.active_tasks()][:5]
+                raise RuntimeError(f"{policy_name}: replay still running {config.max_overrun_s:.0f} s "
+                                   f"after the last arrival (active tasks e.g. {stuck})")
+            if scheduler.tick():
+                continue
+            candidates = [heap[0][0]] if heap else []
+            timer = scheduler.next_timer_s()
+            if timer is not None:
+                candidates.append(timer)
+            if not candidates:
+                raise RuntimeError(f"{policy_name}: nothing runs, nothing is due, and tasks "
+                                   f"{[t.task_id for t in scheduler.active_tasks()][:5]} are "
+                                   "not finished")
+            target = min(candidates)
+            if target <= now:
+                # A timer already due that the scheduler could not act on (e.g. KV blocks);
+                # let a little time pass rather than spin.
+                target = now + 1e-3
+            engine.advance_idle(target)
+    finally:
+        if not own_engine:
+            pass
+        elif not simulated:
+            engine.shutdown()
+
+    clock_s = engine.now() - t0
+    tasks = [_task_result(scheduler.tasks[tid], meta[tid], robots, t0) for tid in scheduler.tasks]
+    return RunResult(policy=policy_name, tasks=tasks,
+                     fetch_overhead_s=list(scheduler.fetch_overhead_s), steps=scheduler.steps,
+                     clock_s=clock_s, wall_s=time.perf_counter() - wall_start,
+                     config={**config.describe(), "seed": seed, "network_latency_s": latency})
+
+
+def _submit_event(scheduler: SegmentScheduler, robots: SimulatedRobots, event: Event, at: float,
+                  traces: Mapping[int, Trace], tuf_levels: TufLevels, simulated: bool,
+                  meta: dict) -> None:
+    for spec in event.tasks:
+        trace = traces[spec.trace_id]
+        task_id = f"t{spec.task_id:05d}"
+        meta[task_id] = (spec, trace, event.event_id)
+        robots.add_task(task_id, spec.task_id, spec.robot_id)
+        try:
+            scheduler.submit(TaskSpec(
+                task_id=task_id, robot_id=spec.robot_id, skill_set=trace.skill_set,
+                instruction=trace.instruction, tuf=tuf_levels.get(spec.tuf_level), arrival_s=at,
+                urgency=spec.tuf_level, scripted_plan=trace.plan if simulated else None))
+        except TaskRejected:
+            pass  # recorded by the scheduler as a rejected task; the listener saw it
+
+
+def _spans(task: TaskRecord, t0: float, end: float) -> list[tuple[float, float]]:
+    spans = []
+    history = task.lifecycle.history
+    for i, (state, at) in enumerate(history):
+        if state == "generating":
+            stop = history[i + 1][1] if i + 1 < len(history) else end
+            spans.append((at - t0, stop - t0))
+    return spans
+
+
+def _task_result(task: TaskRecord, meta: tuple, robots: SimulatedRobots, t0: float) -> TaskResult:
+    spec, trace, event_id = meta
+    blocked = robots.blocked_s(task.task_id)
+    segments = [SegmentResult(s.sequence, s.text, s.is_last, s.dispatched_s - t0,
+                              (s.started_s - t0) if s.started_s is not None else NAN,
+                              (s.finished_s - t0) if s.finished_s is not None else NAN)
+                for s in task.segments]
+    done = task.state == "done"
+    execution = sum(s.finished_s - s.started_s for s in task.segments) if done else NAN
+    completion = (max(s.finished_s for s in task.segments) - t0) if done else NAN
+    sched_wait = task.waiting_time_s if done else NAN
+    end = task.lifecycle.history[-1][1]
+    return TaskResult(
+        task_id=task.task_id, trace_id=trace.trace_id, category=trace.category,
+        tuf_level=spec.tuf_level, task_type=task_type(trace.category, spec.tuf_level),
+        robot_id=spec.robot_id, arrival_s=task.spec.arrival_s - t0, ert_s=task.spec.tuf.ert_s,
+        state=task.state, reason=task.lifecycle.reason or "",
+        response_time_s=task.response_time_s, utility=task.utility,
+        waiting_time_s=(sched_wait - blocked) if done else NAN, sched_waiting_time_s=sched_wait,
+        robot_blocked_s=blocked, execution_s=execution, completion_s=completion,
+        resumes=task.resumes, event_id=event_id, segments=segments,
+        generation_spans=_spans(task, t0, end))
+
+
+def shorten(workload: Workload, duration_s: float | None) -> Workload:
+    """The workload cut to `duration_s` (events are a prefix of the full run's: same seed)."""
+    if duration_s is None:
+        return workload
+    if not duration_s > 0:
+        raise ValueError(f"duration_s: must be > 0, got {duration_s}")
+    return replace(workload, duration_s=float(duration_s))
+
+
+def run_policies(events: Sequence[Event], policies: Iterable[str], workload: Workload,
+                 config: BenchConfig, *, progress_factory: Callable[[str], ProgressFn] | None = None,
+                 engine=None, **kw) -> dict[str, RunResult]:
+    """Run each policy on the same events (a fresh simulated engine each; a shared real one)."""
+    out = {}
+    for name in policies:
+        progress = progress_factory(name) if progress_factory else None
+        out[name] = run_policy(events, name, workload, config, engine=engine, progress=progress,
+                               **kw)
+    return out

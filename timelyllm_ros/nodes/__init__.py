@@ -1,0 +1,1 @@
+"""ROS 2 nodes: thin adapters between topics and the ROS-free core."""
