@@ -106,14 +106,21 @@ def drive(sch, eng, lis, robots=None, until=None, max_iter=200_000):
             return robots
         worked = sch.tick()
         robots.take(sch, lis)
-        if robots.events and (not worked or robots.events[0][0] <= eng.now()):
-            t, tid, seq, start, ok, msg = heapq.heappop(robots.events)
-            eng.advance_idle(t)
-            sch.on_report(tid, seq, start, t, ok, msg)
-        elif not worked and sch.active_tasks():
-            timer = sch.next_timer_s()
-            assert timer is not None, "scheduler idle with active tasks and nothing to wait for"
+        if not sch.active_tasks():
+            continue
+        events = robots.events
+        due = bool(events) and events[0][0] <= eng.now()
+        if worked and not due:
+            continue
+        # Idle (or a report is due): like the planner, wake at the next report or timer.
+        timer = sch.next_timer_s()
+        if not due and timer is not None and (not events or timer < events[0][0]):
             eng.advance_idle(max(timer, eng.now()) + 1e-6)
+            continue
+        assert events, "scheduler idle with active tasks and nothing to wait for"
+        t, tid, seq, start, ok, msg = heapq.heappop(events)
+        eng.advance_idle(t)
+        sch.on_report(tid, seq, start, t, ok, msg)
     raise AssertionError("did not finish")
 
 
@@ -297,9 +304,18 @@ def test_timeout_waits_for_earlier_segment_of_a_slow_robot():
     sch, eng, lis = make("vllm-stream", exec_model=exec_model)
     sch.submit(spec("arm", 9, eng))
     robots = Robots(lambda tid, seg: 30.0 if seg.sequence == 0 else 0.1)
-    drive(sch, eng, lis, robots)
+    drive(sch, eng, lis, robots, until=lambda s: s.tasks["arm"].state == "awaiting_robot")
     task = sch.tasks["arm"]
+    seg0, seg1 = task.segments[:2]
+    assert seg1.report_deadline_s < 20.0 < seg0.report_deadline_s
+    eng.advance_idle(20.0)
+    sch.tick()
+    assert task.state == "awaiting_robot", task.lifecycle.reason
+    assert sch.next_timer_s() == pytest.approx(seg0.report_deadline_s)
+    drive(sch, eng, lis)
     assert task.state == "done", task.lifecycle.reason
+    # Reported finish of segment 0 moved the later estimates and deadlines.
+    assert seg1.estimated_done_s == pytest.approx(seg0.finished_s + 0.1)
     assert_no_leaks(sch, eng)
 
 

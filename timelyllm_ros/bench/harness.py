@@ -43,6 +43,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from timelyllm_ros.core.engine.cost_model import EngineProfile
+from timelyllm_ros.core.engine.sim_engine import SimulatedEngine
 from timelyllm_ros.core.exec_model import ExecutionTimeModel
 from timelyllm_ros.core.policies.registry import get_policy
 from timelyllm_ros.core.scheduler import SchedulerConfig, SegmentScheduler, TaskRejected
@@ -57,10 +58,18 @@ NAN = float("nan")
 ENGINES = ("sim", "vllm")
 ROBOT_MODES = ("queue", "parallel")
 
-# Tuned defaults (see docs/bench.md, "Tuning"): suspended generations are resumed as soon as
-# admission allows (None), and TimelyLLM's g is the paper's profiled 90 ms.
+# Tuned defaults (see docs/bench.md, "Tuning"):
+# - suspended generations are resumed as soon as admission allows (a resume lead only delays them:
+#   waiting time grew by 5-15% in WID1-3 with leads of 0.2-0.5 s);
+# - TimelyLLM's g is the paper's profiled 90 ms (the policy's default);
+# - segmented policies (fcfs-seg, edf-seg, timelyllm*) run with a fixed cap of 16 running
+#   generations instead of their own admission: TimelyLLM's latency-guided admission (§4.4) as
+#   implemented in core/admission.py starves the queue under WID2 (mean utility -4.1, see
+#   docs/bench.md), and 16 is where the cap sweep saturates on the simulated RTX 4090.
+#   `segmented_batch_cap=None` gives each policy its own admission back.
 DEFAULT_RESUME_LEAD_S: float | None = None
 DEFAULT_GEN_TIME_S: float | None = None  # None = the policy's own default (0.09 s)
+DEFAULT_SEGMENTED_BATCH_CAP: int | None = 16
 
 
 def default_profile_path() -> Path:
@@ -90,7 +99,17 @@ class BenchConfig:
     vllm_config: Mapping[str, Any] = field(default_factory=dict)
     # Seed of robot execution durations (None = the workload's seed).
     seed: int | None = None
+    # Fixed cap on running generations for every policy (the batch-cap sweep); None = see below.
     batch_cap: int | None = None
+    # Without batch_cap: the cap for policies that suspend generations (dispatch "segment");
+    # None = the policy's own admission. Whole / stream policies (vllm, vllm-stream) are never
+    # capped unless batch_cap is set: plain vLLM admits whatever fits in the KV cache.
+    segmented_batch_cap: int | None = DEFAULT_SEGMENTED_BATCH_CAP
+    # False: the whole / stream baselines run on a simulated engine without automatic prefix
+    # caching, as vLLM V0 ran by default (enable_prefix_caching=False) when the paper was
+    # written; every prompt is then prefilled in full. Segmented policies always keep the cache
+    # (resuming a generation depends on it). Simulated engine only.
+    baseline_prefix_cache: bool = True
     resume_lead_s: float | None = DEFAULT_RESUME_LEAD_S
     # Override of TimelyLLM's g (applied to every policy that has a gen_time_s parameter).
     gen_time_s: float | None = DEFAULT_GEN_TIME_S
@@ -112,8 +131,14 @@ class BenchConfig:
             raise ValueError(f"engine: must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if self.robots not in ROBOT_MODES:
             raise ValueError(f"robots: must be one of {', '.join(ROBOT_MODES)}, got {self.robots!r}")
-        if self.batch_cap is not None and self.batch_cap < 1:
-            raise ValueError(f"batch_cap: must be >= 1, got {self.batch_cap}")
+        for key in ("batch_cap", "segmented_batch_cap"):
+            value = getattr(self, key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise ValueError(f"{key}: must be an integer >= 1 or None, got {value!r}")
+        if not self.baseline_prefix_cache and self.engine != "sim":
+            raise ValueError("baseline_prefix_cache=False needs the simulated engine (the vLLM "
+                             "adapter always enables prefix caching)")
         if self.resume_lead_s is not None and not self.resume_lead_s >= 0:
             raise ValueError(f"resume_lead_s: must be >= 0, got {self.resume_lead_s}")
 
@@ -123,9 +148,17 @@ class BenchConfig:
         return EngineProfile.from_yaml(self.profile if self.profile is not None
                                        else default_profile_path())
 
+    def cap_for(self, policy) -> int | None:
+        """The fixed batch cap a policy runs with (None = its own admission)."""
+        if self.batch_cap is not None:
+            return self.batch_cap
+        return self.segmented_batch_cap if policy.dispatch == "segment" else None
+
     def describe(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "engine": self.engine, "batch_cap": self.batch_cap,
+            "segmented_batch_cap": self.segmented_batch_cap,
+            "baseline_prefix_cache": self.baseline_prefix_cache,
             "resume_lead_s": self.resume_lead_s, "gen_time_s": self.gen_time_s,
             "robots": self.robots, "report_timeout_min_s": self.report_timeout_min_s,
         }
@@ -338,15 +371,27 @@ def make_policy(name: str, config: BenchConfig):
     return policy
 
 
-def build_engine(config: BenchConfig):
+def build_engine(config: BenchConfig, prefix_cache: bool = True):
     if config.engine == "sim":
-        from timelyllm_ros.core.engine.sim_engine import SimulatedEngine
+        if not prefix_cache:
+            return NoPrefixCacheEngine(config.load_profile())
         return SimulatedEngine(config.load_profile())
     if not config.model:
         raise ValueError("engine vllm: --model DIR (a local model directory) is required")
     from timelyllm_ros.core.engine.vllm_engine import VllmEngine, VllmEngineConfig
     return VllmEngine(VllmEngineConfig.from_mapping({"model": str(config.model),
                                                      **dict(config.vllm_config)}))
+
+
+class NoPrefixCacheEngine(SimulatedEngine):
+    """SimulatedEngine with automatic prefix caching off: no request reuses blocks computed for
+    another, so every prompt is prefilled in full (vLLM V0's default, enable_prefix_caching=False).
+    Overrides the engine's one prefix-cache lookup, `_prefix_hits`."""
+
+    name = "sim-no-prefix-cache"
+
+    def _prefix_hits(self, seq):
+        return []
 
 
 ProgressFn = Callable[[int, int, float], None]
@@ -375,8 +420,9 @@ def run_policy(events: Sequence[Event], policy_name: str, workload: Workload,
         else config.network_latency_s
     seed = workload.seed if config.seed is None else config.seed
     own_engine = engine is None
+    prefix_cache = config.baseline_prefix_cache or policy.dispatch == "segment"
     if engine is None:
-        engine = build_engine(config)
+        engine = build_engine(config, prefix_cache=prefix_cache)
     simulated = config.engine == "sim"
 
     heap: list[tuple[float, int, str, Any]] = []
@@ -402,7 +448,7 @@ def run_policy(events: Sequence[Event], policy_name: str, workload: Workload,
     listener = _Listener(robots, on_terminal)
     scheduler = SegmentScheduler(
         engine, policy, dict(skill_sets), exec_model, listener,
-        SchedulerConfig(network_latency_s=latency, batch_cap=config.batch_cap,
+        SchedulerConfig(network_latency_s=latency, batch_cap=config.cap_for(policy),
                         resume_lead_s=config.resume_lead_s,
                         report_timeout_min_s=config.report_timeout_min_s))
     scheduler.warm_prefix_cache()
@@ -449,9 +495,7 @@ def run_policy(events: Sequence[Event], policy_name: str, workload: Workload,
                 target = now + 1e-3
             engine.advance_idle(target)
     finally:
-        if not own_engine:
-            pass
-        elif not simulated:
+        if own_engine and not simulated:
             engine.shutdown()
 
     clock_s = engine.now() - t0
@@ -459,7 +503,9 @@ def run_policy(events: Sequence[Event], policy_name: str, workload: Workload,
     return RunResult(policy=policy_name, tasks=tasks,
                      fetch_overhead_s=list(scheduler.fetch_overhead_s), steps=scheduler.steps,
                      clock_s=clock_s, wall_s=time.perf_counter() - wall_start,
-                     config={**config.describe(), "seed": seed, "network_latency_s": latency})
+                     config={**config.describe(), "seed": seed, "network_latency_s": latency,
+                             "policy_batch_cap": config.cap_for(policy),
+                             "engine_prefix_cache": prefix_cache})
 
 
 def _submit_event(scheduler: SegmentScheduler, robots: SimulatedRobots, event: Event, at: float,

@@ -11,9 +11,11 @@ the text of `token_ids[:i + 1]`, as far as the engine's outputs tell. An engine 
 several tokens with one piece of text (speculative decoding, multi-step scheduling), or deliver
 text late (an incremental detokenizer holds back an incomplete UTF-8 sequence). In both cases the
 character offsets inside the step are unknown, so every token of the step gets the step's end
-offset, and text that arrives without a token is credited to the tokens before it: a cut then only
-ever happens at a point where tokens and text are known to agree, and a kept token always keeps
-its text.
+offset; text that arrives late is credited to the tokens that showed none and to the step before
+them; and tokens whose text has not shown yet are never kept by a cut. A cut then only falls where
+tokens and text are known to agree, and a kept token keeps its text. (Not detectable: a token that
+shows part of its text while the rest arrives with the next token's. Only multi-byte characters
+do that, and the skill languages are ASCII.)
 """
 
 from __future__ import annotations
@@ -33,35 +35,38 @@ class GeneratedText:
     # Everything before this character offset has been cut into segments already.
     consumed: int = 0
     statements_done: int = 0
+    # Trailing tokens whose text has not shown yet (the detokenizer holds it back).
+    silent_tokens: int = 0
 
     def append(self, new_ids: Sequence[int], new_text: str) -> None:
         if not new_ids and not new_text:
             return
         self.text += new_text
         end = len(self.text)
-        if new_text and (not new_ids or self._last_token_empty()):
-            # Text that arrives with no token of its own, or after tokens that showed none, may
-            # belong to those earlier tokens (a detokenizer held it back): credit it to them.
-            self._credit_late_text(end)
+        if new_text and (self.silent_tokens or not new_ids):
+            # Text that arrives with no token of its own, or after tokens that showed none,
+            # may belong to earlier tokens (a detokenizer held it back): credit it to them.
+            start = self._uncertain_from()
+            for j in range(start, len(self.token_ends)):
+                self.token_ends[j] = end
+            self.silent_tokens = 0
         # Offsets inside a multi-token step are unknown: no cut may fall between its tokens.
         self.token_ends.extend([end] * len(new_ids))
         self.token_ids.extend(new_ids)
+        if new_ids and not new_text:
+            self.silent_tokens += len(new_ids)
 
-    def _end_before(self, i: int) -> int:
-        return self.token_ends[i - 1] if i > 0 else 0
-
-    def _last_token_empty(self) -> bool:
-        n = len(self.token_ends)
-        return n > 0 and self.token_ends[-1] == self._end_before(n - 1)
-
-    def _credit_late_text(self, end: int) -> None:
+    def _uncertain_from(self) -> int:
+        """Index of the first token whose text may not all have shown: the trailing tokens that
+        showed none, and the step before them (it may have shown only part of its text)."""
         ends = self.token_ends
-        i = len(ends) - 1
-        while i >= 0 and ends[i] == self._end_before(i):
-            i -= 1  # tokens that showed no text
-        # ...and the last token that did show text, which may have shown only part of it.
-        for j in range(max(i, 0), len(ends)):
-            ends[j] = end
+        i = len(ends) - self.silent_tokens
+        if i <= 0:
+            return 0
+        last = ends[i - 1]
+        while i > 0 and ends[i - 1] == last:
+            i -= 1
+        return i
 
     @property
     def pending_text(self) -> str:
@@ -73,7 +78,8 @@ class GeneratedText:
         Afterwards `text` is the text of the kept tokens, and `text + owed == old_text[:consumed]`
         (when `consumed <= len(old_text)`).
         """
-        keep = len(self.token_ends)
+        # Tokens whose text has not (all) shown cannot be kept: their text is unknown.
+        keep = self._uncertain_from() if self.silent_tokens else len(self.token_ends)
         while keep > 0 and self.token_ends[keep - 1] > self.consumed:
             keep -= 1
         kept_end = self.token_ends[keep - 1] if keep else 0
@@ -81,6 +87,7 @@ class GeneratedText:
         del self.token_ids[keep:]
         del self.token_ends[keep:]
         self.text = self.text[:kept_end]
+        self.silent_tokens = 0
         # `consumed` stays put: the owed characters come back when the generation resumes, and
         # they belong to a segment that is already published.
         return owed

@@ -74,6 +74,9 @@ def validate_goal(goal: GoalFields, *, levels: TufLevels, known_robots: dict[str
                     urgency=goal.urgency or "custom")
 
 
+_TUF_FIELDS = ("expected_response_time_s", "decline_slope_per_s", "initial_utility")
+
+
 def _goal_tuf(goal: GoalFields, levels: TufLevels) -> TUF:
     values = (goal.expected_response_time_s, goal.decline_slope_per_s, goal.initial_utility)
     if goal.urgency:
@@ -81,10 +84,22 @@ def _goal_tuf(goal: GoalFields, levels: TufLevels) -> TUF:
             level = levels.get(goal.urgency)
         except KeyError as err:
             raise GoalError("urgency", str(err.args[0]) if err.args else "unknown level") from None
-        if any(v != 0.0 for v in values):
-            raise GoalError("urgency", "name a level or give TUF values, not both")
+        # NaN != 0 too: any value that is not exactly zero counts as "given".
+        given = [f"{name}={v!r}" for name, v in zip(_TUF_FIELDS, values) if v != 0.0]
+        if given:
+            raise GoalError("urgency", f"names the level {goal.urgency!r} but {', '.join(given)} "
+                                       "is set too; name a level or give TUF values, not both")
         return level
-    tuf = TUF(*(float(v) for v in values))
+    numbers = []
+    for name, v in zip(_TUF_FIELDS, values):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise GoalError(name, f"must be a number, got {type(v).__name__}")
+        numbers.append(float(v))
+    if not any(numbers):
+        # What an all-default message looks like: say what is missing, not "slope is zero".
+        raise GoalError("urgency", f"empty, and no TUF values given: name a level "
+                                   f"({', '.join(levels.names())}) or set {', '.join(_TUF_FIELDS)}")
+    tuf = TUF(*numbers)
     try:
         tuf.validate()
     except TufError as err:

@@ -1,0 +1,28 @@
+# Two commands do everything on a fresh Debian 12 / Python 3.11 machine:
+#   make demo   set up (first run: a few minutes), then run the end-to-end demo
+#   make test   set up, then run the whole test suite
+# Set-up is idempotent: finished steps are skipped in seconds.
+
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: setup demo test test-fast bench clean
+
+setup:
+	@bash scripts/bootstrap.sh
+
+demo: setup
+	$(VENV)/bin/timelyllm demo
+
+test: setup
+	$(PY) -m pytest
+
+# Core only: no ROS processes, no vLLM engine (seconds).
+test-fast: setup
+	$(PY) -m pytest -m "not ros and not vllm"
+
+bench: setup
+	$(VENV)/bin/timelyllm bench --workload WID1 --policies vllm,vllm-stream,fcfs-seg,edf-seg,timelyllm --engine sim
+
+clean:
+	rm -rf .cache out models build install log
