@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "launch": ("timelyllm_ros.launch_runner", "start nodes from a launch description without ros2 launch"),
     "demo": ("timelyllm_ros.demo", "run the end-to-end demo: planner, two drones, three tasks"),
     "submit": ("timelyllm_ros.cli_submit", "publish one task goal and follow its status"),
+    "profile": ("timelyllm_ros.profile_cmd", "measure the engine's latency and write its profile"),
     "bench": ("timelyllm_ros.bench.cli", "replay a workload under several policies and report utility / latency"),
 }
 

@@ -237,16 +237,19 @@ def _run_all(events, policies, workload, config, engine, progress: bool, label: 
 def format_sweep(sweep: dict[str, Any]) -> str:
     caps = sweep["batch_cap"]
     names = list(sweep["policies"])
-    width = max(12, *(len(n) for n in names))
-    lines = ["batch-cap sweep: mean utility (mean waiting ms)",
-             "cap  " + "  ".join(n.rjust(width) for n in names)]
+    rows = []
     for i, cap in enumerate(caps):
-        cells = []
+        cells = [str(cap)]
         for n in names:
             u = sweep["policies"][n]["utility_mean"][i]
             w = sweep["policies"][n]["waiting_time_mean_s"][i]
-            cells.append(f"{u:.3f} ({w * 1e3:.0f})".rjust(width))
-        lines.append(f"{cap:<4} " + "  ".join(cells))
+            cells.append(f"{u:.3f} ({w * 1e3:.0f})")
+        rows.append(cells)
+    header = ["cap", *names]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["batch-cap sweep: mean utility (mean waiting time, ms)"]
+    for r in [header, *rows]:
+        lines.append("  ".join(c.rjust(w) for c, w in zip(r, widths)))
     return "\n".join(lines)
 
 
@@ -342,7 +345,8 @@ def _main(args: argparse.Namespace) -> int:
         print(f"wrote {args.json_path}", file=sys.stderr)
     if args.plots:
         from timelyllm_ros.bench.plots import write_all
-        title = f"{workload.name} ({args.engine})"
+        title = f"{workload.name} ({args.engine}" + (
+            f", batch cap {args.batch_cap})" if args.batch_cap else ")")
         for path in write_all(runs, doc, args.plots, sweep=sweep, title=title):
             print(f"wrote {path}", file=sys.stderr)
     return 0

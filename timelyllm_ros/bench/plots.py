@@ -160,7 +160,9 @@ def plot_batch_sweep(sweep: Mapping[str, Any], path: str | Path, title: str = ""
         axes[0].plot(caps, [_nan_to_zero(v) for v in values["utility_mean"]], marker="o", label=name)
         axes[1].plot(caps, [_nan_to_zero(v) * 1e3 for v in values["waiting_time_mean_s"]],
                      marker="o", label=name)
-    axes[0].set_ylabel("mean time utility")
+    axes[0].set_ylabel("mean time utility (symlog: linear in [-1, 1])")
+    # Overloaded caps drive the unclipped TUF far below zero; symlog keeps [0, 2] readable.
+    axes[0].set_yscale("symlog", linthresh=1.0)
     axes[1].set_ylabel("mean waiting time (ms)")
     axes[1].set_yscale("log")
     for ax in axes:

@@ -5,6 +5,11 @@ for a duration drawn from the execution-time model (config/exec_model.yaml), sca
 `time_scale` so demos and tests run faster than a real drone. Real-hardware backends (e.g. a Tello
 over its UDP SDK) plug in through the same `SkillBackend` interface.
 
+Parameter `backend` picks one (timelyllm_ros/robots, make_backend): `sim` (default), `tello`
+(with `tello_host`, `tello_port`, `tello_state_port`, `tello_local_port`; defaults are a real
+Tello's 192.168.10.1, 8889, 8890 and any free local port) or `arm-sim`. A backend object passed
+to the constructor takes precedence.
+
 Ordering: segments of a task are executed strictly by sequence number. One arriving early (while
 the robot is busy, or ahead of a missing predecessor) waits in the robot's queue.
 """
@@ -29,6 +34,10 @@ from timelyllm_ros.core.tuf import default_config_dir
 from timelyllm_ros.msg import ExecutionReport, SkillSegment
 from timelyllm_ros.nodes import topics
 from timelyllm_ros.nodes.conversions import parse_wire_call, s_to_time
+from timelyllm_ros.robots import make_backend
+from timelyllm_ros.robots.tello import DEFAULT_HOST as DEFAULT_TELLO_HOST
+from timelyllm_ros.robots.tello import DEFAULT_PORT as DEFAULT_TELLO_PORT
+from timelyllm_ros.robots.tello import DEFAULT_STATE_PORT as DEFAULT_TELLO_STATE_PORT
 
 
 class SkillBackend(Protocol):
@@ -72,7 +81,21 @@ class ExecutorNode(Node):
         model = ExecutionTimeModel.from_yaml(
             Path(exec_model) if exec_model else default_config_dir() / "exec_model.yaml")
         self._stop = threading.Event()
-        self._backend = backend or SimulatedBackend(model, time_scale, seed, self._stop)
+        self.backend_kind = str(self.declare_parameter("backend", "sim").value).strip().lower()
+        tello = {
+            "host": str(self.declare_parameter("tello_host", DEFAULT_TELLO_HOST).value),
+            "port": int(self.declare_parameter("tello_port", DEFAULT_TELLO_PORT).value),
+            "state_port": int(self.declare_parameter("tello_state_port", DEFAULT_TELLO_STATE_PORT).value),
+            "local_port": int(self.declare_parameter("tello_local_port", 0).value),
+        }
+        if backend is None:
+            params = {"model": model, "time_scale": time_scale, "seed": seed, "stop": self._stop}
+            if self.backend_kind == "tello":
+                params.update(tello)
+            backend = make_backend(self.backend_kind, **params)
+        else:
+            self.backend_kind = type(backend).__name__
+        self._backend = backend
         self._report_pub = self.create_publisher(
             ExecutionReport, topics.robot_topic(self.robot_id, topics.EXECUTION_REPORTS), topics.COMMAND_QOS)
         self.create_subscription(SkillSegment, topics.robot_topic(self.robot_id, topics.SKILL_SEGMENTS),
@@ -82,7 +105,8 @@ class ExecutorNode(Node):
         self._early: dict[str, list[_Pending]] = {}
         self._worker = threading.Thread(target=self._run, name=f"{self.robot_id}-executor", daemon=True)
         self._worker.start()
-        self.get_logger().info(f"executor for {self.robot_id} ready (time_scale {time_scale})")
+        self.get_logger().info(
+            f"executor for {self.robot_id} ready (backend {self.backend_kind}, time_scale {time_scale})")
 
     def _on_segment(self, msg: SkillSegment) -> None:
         if msg.robot_id != self.robot_id:
@@ -125,6 +149,9 @@ class ExecutorNode(Node):
     def shutdown(self) -> None:
         self._stop.set()
         self._worker.join(timeout=5)
+        close = getattr(self._backend, "close", None)
+        if callable(close):
+            close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,7 @@ task's response time never includes engine start-up; clients wait for a subscrib
 
 from __future__ import annotations
 
+import logging
 import math
 import queue
 import sys
@@ -295,6 +296,8 @@ def _bare_status(task_id: str, robot_id: str, state: str, reason: str) -> TaskSt
 
 
 def main(argv: list[str] | None = None) -> int:
+    # The core logs through Python logging (e.g. the cached-token count of every resume).
+    logging.basicConfig(level=logging.INFO, format="[%(levelname)s] [%(name)s]: %(message)s")
     rclpy.init(args=argv if argv is not None else sys.argv)
     try:
         node = PlannerNode()

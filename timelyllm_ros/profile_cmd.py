@@ -1,0 +1,398 @@
+"""`timelyllm profile`: measure the real engine's step latency and fit the simulated engine's model.
+
+    timelyllm profile [--model DIR] [--output config/engine_profiles/vllm-cpu-smollm2-135m.yaml]
+                      [--quick] [--dtype bfloat16|float32] [--name NAME]
+
+What is measured (see timelyllm_ros/core/engine/cost_model.py for the model that is fitted):
+
+- prefill: time to first token of one request alone, for several prompt lengths. Prompts are
+  random token ids, fresh for every request, so nothing comes from the prefix cache. Each sample
+  includes the first decode step, which the fit subtracts (`prefill_includes_first_decode`).
+- decode: for every (batch size, context length) pair, that many requests decode together and
+  the duration of each step in which all of them sample one token is recorded. The requests of
+  one context length share a random prefix of whole KV blocks, cached by one priming request, so
+  only a few unique tokens per request are prefilled: the decode steps still attend over the
+  full context, but the set-up costs seconds instead of minutes on a CPU.
+
+Timing comes from the engine's `last_step_timing()` (wall time of `step()` for vLLM, modelled
+time for the simulated engine), so any EngineAdapter can be profiled; the tests profile a
+simulated engine whose coefficients are known. Shared machines add delays, never remove them, so
+every (configuration) keeps the *minimum* over its repeats or steps.
+
+Real vLLM requests are sent with `ignore_eos`, so a random prompt cannot end a sample early.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from timelyllm_ros.core.engine.base import EngineRequest
+from timelyllm_ros.core.engine.cost_model import EngineProfile, fit_profile
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUTPUT = REPO_ROOT / "config" / "engine_profiles" / "vllm-cpu-smollm2-135m.yaml"
+# Token ids for random prompts come from this range (inside any real vocabulary of interest,
+# clear of the special tokens at the start of most vocabularies).
+TOKEN_ID_RANGE = (1000, 30000)
+# Unique tokens after the shared prefix of a decode request.
+SUFFIX_TOKENS = 4
+
+
+@dataclass(frozen=True)
+class ProfilePlan:
+    prefill_lengths: tuple[int, ...]
+    prefill_repeats: int
+    decode_batches: tuple[int, ...]
+    # Context lengths are rounded down to whole KV blocks (plus SUFFIX_TOKENS).
+    decode_contexts: tuple[int, ...]
+    decode_steps: int
+    warmup: bool = True
+
+
+# About 4 minutes with bf16 weights on a 2-core AVX2 machine; most of it is prefill.
+FULL = ProfilePlan(prefill_lengths=(16, 64, 128, 256, 512), prefill_repeats=3,
+                   decode_batches=(1, 2, 4, 8, 16), decode_contexts=(128, 384, 768),
+                   decode_steps=8)
+# Under 2 minutes on the same machine, engine start included.
+QUICK = ProfilePlan(prefill_lengths=(32, 128, 256), prefill_repeats=2,
+                    decode_batches=(1, 4, 8), decode_contexts=(128, 384), decode_steps=5)
+
+
+@dataclass
+class Measurements:
+    # (prompt tokens, seconds to first token), minimum over repeats
+    prefill: list[tuple[int, float]] = field(default_factory=list)
+    # (batch size, total context tokens, seconds), the fastest step of each configuration
+    decode: list[tuple[int, int, float]] = field(default_factory=list)
+    # every raw sample, for the summary: per prefill length, and aligned with `decode`
+    prefill_raw: dict[int, list[float]] = field(default_factory=dict)
+    decode_raw: list[list[float]] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+    # Engine geometry, read while the engine runs (the profile needs it after shutdown).
+    kv_block_size: int = 16
+    kv_total_blocks: int = 1
+    max_model_len: int = 1
+
+
+class Profiler:
+    """Runs a ProfilePlan against any EngineAdapter that is otherwise idle."""
+
+    def __init__(self, engine: Any, *, seed: int = 0, log: Callable[[str], None] | None = None,
+                 max_num_seqs: int | None = None):
+        self.engine = engine
+        self.rng = random.Random(seed)
+        self.log = log or (lambda msg: None)
+        self.max_num_seqs = max_num_seqs
+        self._ids = 0
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _random_ids(self, n: int) -> list[int]:
+        lo, hi = TOKEN_ID_RANGE
+        return [self.rng.randrange(lo, hi) for _ in range(n)]
+
+    def _request_id(self, kind: str) -> str:
+        self._ids += 1
+        return f"__profile__{kind}{self._ids}"
+
+    def _add(self, prompt: list[int], max_tokens: int, kind: str) -> str:
+        rid = self._request_id(kind)
+        # The simulated engine generates its script; real engines ignore it.
+        self.engine.add_request(EngineRequest(rid, prompt, max_tokens,
+                                              scripted_text=" x" * max_tokens))
+        return rid
+
+    def _step(self) -> tuple[list, float]:
+        outputs = self.engine.step()
+        return outputs, float(self.engine.last_step_timing().duration_s)
+
+    def _drain(self) -> None:
+        while self.engine.has_unfinished_requests():
+            self.engine.step()
+
+    # -- measurements ----------------------------------------------------------------------
+    def warmup(self) -> None:
+        """One small prefill and a few batched decode steps: first steps pay one-time costs."""
+        rids = [self._add(self._random_ids(32), 4, "warm") for _ in range(2)]
+        self._drain()
+        for rid in rids:
+            self.engine.abort_request(rid)
+
+    def time_to_first_token(self, prompt: list[int]) -> float:
+        """Seconds of engine steps from adding a lone request until its first token."""
+        rid = self._add(prompt, 1, "prefill")
+        total = 0.0
+        while True:
+            outputs, duration = self._step()
+            total += duration
+            if any(o.request_id == rid and o.new_token_ids for o in outputs):
+                break
+            if not self.engine.has_unfinished_requests():
+                raise RuntimeError(f"prefill request of {len(prompt)} tokens ended without a token")
+        self.engine.abort_request(rid)
+        self._drain()
+        return total
+
+    def decode_steps(self, batch: int, prefix: list[int], steps: int) -> list[tuple[int, float]]:
+        """(total context, seconds) of each step in which all `batch` requests decoded."""
+        prompts = [prefix + self._random_ids(SUFFIX_TOKENS) for _ in range(batch)]
+        rids = [self._add(p, steps + 1, "decode") for p in prompts]
+        generated = dict.fromkeys(rids, 0)
+        prompt_len = len(prompts[0])
+        samples = []
+        for _ in range(steps + 8):  # a few spare steps in case the engine splits the prefill
+            before = dict(generated)
+            outputs, duration = self._step()
+            got = {o.request_id: len(o.new_token_ids) for o in outputs if o.request_id in generated}
+            for rid, n in got.items():
+                generated[rid] += n
+            # A pure decode step: everyone had sampled before and gains exactly one token.
+            if all(before[r] >= 1 for r in rids) and all(got.get(r) == 1 for r in rids):
+                context = sum(prompt_len + before[r] for r in rids)
+                samples.append((context, duration))
+            if len(samples) >= steps or not self.engine.has_unfinished_requests():
+                break
+        for rid in rids:
+            self.engine.abort_request(rid)
+        self._drain()
+        return samples
+
+    def run(self, plan: ProfilePlan) -> Measurements:
+        started = time.monotonic()
+        m = Measurements()
+        max_len = int(self.engine.max_model_len())
+        kv = self.engine.kv_usage()
+        m.kv_block_size, m.kv_total_blocks, m.max_model_len = \
+            int(kv.block_size), int(kv.total_blocks), max_len
+        if plan.warmup:
+            self.log("warm-up ...")
+            self.warmup()
+
+        lengths = [n for n in plan.prefill_lengths if n + 2 <= max_len]
+        m.skipped += [f"prefill {n} tokens: longer than max_model_len {max_len}"
+                      for n in plan.prefill_lengths if n not in lengths]
+        for i, n in enumerate(lengths):
+            times = []
+            for r in range(plan.prefill_repeats):
+                times.append(self.time_to_first_token(self._random_ids(n)))
+                self.log(f"[prefill {i + 1}/{len(lengths)}] {n:5d} tokens, repeat "
+                         f"{r + 1}/{plan.prefill_repeats}: {times[-1] * 1e3:9.1f} ms")
+            m.prefill_raw[n] = times
+            m.prefill.append((n, min(times)))
+
+        block = max(1, int(kv.block_size))
+        configs = []
+        for ctx in plan.decode_contexts:
+            prefix_len = max(block, ctx // block * block)
+            for b in plan.decode_batches:
+                tokens = b * (prefix_len + SUFFIX_TOKENS + plan.decode_steps + 1)
+                why = None
+                if prefix_len + SUFFIX_TOKENS + plan.decode_steps + 2 > max_len:
+                    why = f"context {prefix_len} does not fit max_model_len {max_len}"
+                elif -(-tokens // block) + prefix_len // block > kv.total_blocks:
+                    why = f"{tokens} tokens do not fit {kv.total_blocks} KV blocks"
+                elif self.max_num_seqs is not None and b > self.max_num_seqs:
+                    why = f"batch {b} exceeds max_num_seqs {self.max_num_seqs}"
+                if why:
+                    m.skipped.append(f"decode batch {b} x context {ctx}: {why}")
+                else:
+                    configs.append((prefix_len, b))
+        done = 0
+        for prefix_len in dict.fromkeys(p for p, _ in configs):
+            prefix = self._random_ids(prefix_len)
+            # Prime the prefix cache: this request computes (and leaves cached) every full block
+            # of the prefix, so the decode requests below prefill only their own few tokens.
+            self.log(f"[decode] caching a {prefix_len}-token prefix ...")
+            self.time_to_first_token(prefix + self._random_ids(1))
+            for p, b in configs:
+                if p != prefix_len:
+                    continue
+                done += 1
+                samples = self.decode_steps(b, prefix, plan.decode_steps)
+                if not samples:
+                    m.skipped.append(f"decode batch {b} x context {prefix_len}: no clean step")
+                    continue
+                context, best = min(samples, key=lambda s: s[1])
+                m.decode.append((b, context, best))
+                m.decode_raw.append([s for _, s in samples])
+                self.log(f"[decode {done}/{len(configs)}] batch {b:3d} x context "
+                         f"{prefix_len + SUFFIX_TOKENS:5d}: fastest of {len(samples)} steps "
+                         f"{best * 1e3:8.2f} ms")
+        m.wall_s = time.monotonic() - started
+        return m
+
+
+def fit_measurements(m: Measurements, *, name: str, source: str) -> EngineProfile:
+    return fit_profile(
+        m.prefill, m.decode, name=name, source=source, kv_block_size=m.kv_block_size,
+        kv_total_blocks=m.kv_total_blocks, max_model_len=m.max_model_len,
+        prefill_includes_first_decode=True)
+
+
+def summary(m: Measurements, profile: EngineProfile) -> str:
+    lines = ["prefill (time to first token, one request, uncached prompt)",
+             f"  {'tokens':>7} {'measured ms':>12} {'fitted ms':>10} {'error':>7}  repeats (ms)"]
+    for n, t in m.prefill:
+        fit = profile.first_token_s(n)
+        raw = ", ".join(f"{x * 1e3:.1f}" for x in m.prefill_raw.get(n, []))
+        lines.append(f"  {n:7d} {t * 1e3:12.1f} {fit * 1e3:10.1f} {_err(t, fit):>7}  {raw}")
+    lines += ["decode (one step, every request samples one token)",
+              f"  {'batch':>7} {'context':>8} {'measured ms':>12} {'fitted ms':>10} {'error':>7}"
+              "  median of steps (ms)"]
+    for (b, ctx, t), raw in zip(m.decode, m.decode_raw or [[]] * len(m.decode)):
+        fit = profile.decode_step_s(b, ctx)
+        raw = sorted(raw)
+        med = f"{raw[len(raw) // 2] * 1e3:.2f}" if raw else "-"
+        lines.append(f"  {b:7d} {ctx:8d} {t * 1e3:12.2f} {fit * 1e3:10.2f} {_err(t, fit):>7}  {med}")
+    lines += ["fitted profile",
+              f"  prefill_s(n)          = {profile.prefill_fixed_s * 1e3:.3f} ms + "
+              f"{profile.prefill_per_token_s * 1e3:.4f} ms * n",
+              f"  decode_step_s(b, ctx) = {profile.decode_fixed_s * 1e3:.3f} ms + "
+              f"{profile.decode_per_seq_s * 1e3:.4f} ms * b + "
+              f"{profile.decode_per_ctx_token_s * 1e6:.4f} us * ctx",
+              f"  KV cache: {profile.kv_total_blocks} blocks of {profile.kv_block_size} tokens; "
+              f"max_model_len {profile.max_model_len}"]
+    if m.skipped:
+        lines.append("skipped: " + "; ".join(m.skipped))
+    return "\n".join(lines)
+
+
+def _err(measured: float, fitted: float) -> str:
+    if measured <= 0:
+        return "-"
+    return f"{(fitted - measured) / measured * 100:+.0f}%"
+
+
+def write_profile(profile: EngineProfile, path: Path, header: Sequence[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = "".join(f"# {line}\n" if line else "#\n" for line in header) + profile.to_yaml()
+    path.write_text(text, encoding="utf-8")
+    # Fail here, not in a later bench, if the file does not load back to the same profile.
+    if EngineProfile.from_yaml(path) != profile:
+        raise RuntimeError(f"{path}: written profile does not load back identically")
+
+
+def machine_description() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores"
+
+
+def cpu_pressure() -> str | None:
+    """Linux PSI: share of the last 5 minutes in which runnable tasks waited for a CPU."""
+    try:
+        first = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+    except (OSError, IndexError):
+        return None
+    fields = dict(kv.split("=") for kv in first.split()[1:])
+    return fields.get("avg300")
+
+
+def build_engine(model: str, dtype: str | None, max_model_len: int | None):
+    """The real engine, with requests that ignore EOS (random prompts must not end samples)."""
+    from timelyllm_ros.core.engine.vllm_engine import VllmEngine, VllmEngineConfig
+
+    class ProfilingVllmEngine(VllmEngine):
+        def add_request(self, request: EngineRequest) -> None:
+            from vllm import SamplingParams
+            from vllm.inputs import TokensPrompt
+            from vllm.sampling_params import RequestOutputKind
+
+            params = SamplingParams(max_tokens=request.max_tokens, temperature=0.0,
+                                    ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+            self._engine.add_request(request.request_id,
+                                     TokensPrompt(prompt_token_ids=list(request.prompt_token_ids)),
+                                     params)
+            self._running.add(request.request_id)
+
+    kwargs: dict[str, Any] = {"model": model}
+    if dtype:
+        kwargs["dtype"] = dtype
+    if max_model_len:
+        kwargs["max_model_len"] = max_model_len
+    config = VllmEngineConfig(**kwargs)
+    return ProfilingVllmEngine(config), config
+
+
+def main(argv: list[str] | None = None) -> int:
+    from timelyllm_ros.model_prep import DEFAULT_MODEL_DIR
+
+    parser = argparse.ArgumentParser(
+        prog="timelyllm profile",
+        description="Measure the real engine's prefill and decode latency and write the engine "
+                    "profile that the simulated engine (bench, replay) loads.")
+    parser.add_argument("--model", default=str(DEFAULT_MODEL_DIR),
+                        help="local Hugging Face model directory (default: the bundled model)")
+    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT,
+                        help="profile YAML to write (default: %(default)s)")
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer sizes and repeats: under 2 minutes on a 2-core CPU")
+    parser.add_argument("--dtype", default=None,
+                        help="weights dtype passed to the engine (default: the engine's default, "
+                             "bfloat16; on CPUs without native bf16, float32 prefills much faster)")
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--name", default=None, help="profile name (default: output file stem)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    if not Path(args.model).is_dir():
+        print(f"timelyllm profile: --model {args.model}: not a directory (run `timelyllm model "
+              "prepare` first)", file=sys.stderr)
+        return 2
+    plan = QUICK if args.quick else FULL
+    name = args.name or args.output.stem
+
+    def log(msg: str) -> None:
+        print(f"[{time.monotonic() - t0:7.1f} s] {msg}", flush=True)
+
+    t0 = time.monotonic()
+    log(f"starting the engine ({args.model}) ...")
+    engine, config = build_engine(args.model, args.dtype, args.max_model_len)
+    try:
+        log(f"engine ready; KV cache {engine.kv_usage()}; {'quick' if args.quick else 'full'} plan")
+        profiler = Profiler(engine, seed=args.seed, log=log, max_num_seqs=config.max_num_seqs)
+        m = profiler.run(plan)
+    finally:
+        engine.shutdown()
+    try:
+        import vllm
+        vllm_version = vllm.__version__
+    except Exception:  # noqa: BLE001 - only for the description
+        vllm_version = "?"
+    pressure = cpu_pressure()
+    source = (
+        f"Measured by `timelyllm profile{' --quick' if args.quick else ''}` on "
+        f"{machine_description()}, {time.strftime('%Y-%m-%d')}: vLLM {vllm_version}, model "
+        f"{Path(args.model).name}, dtype {config.dtype}, enforce_eager {config.enforce_eager}.\n"
+        f"Prefill: time to first token of one uncached random prompt, minimum of "
+        f"{plan.prefill_repeats} repeats, lengths {', '.join(str(n) for n, _ in m.prefill)}.\n"
+        f"Decode: fastest of {plan.decode_steps} steps per batch size "
+        f"({', '.join(map(str, plan.decode_batches))}) and context "
+        f"({', '.join(map(str, plan.decode_contexts))}) pair."
+        + (f"\nCPU pressure (PSI some avg300) at the end: {pressure}%." if pressure else ""))
+    profile = fit_measurements(m, name=name, source=source)
+    print(summary(m, profile), flush=True)
+    header = [f"Engine step cost profile `{name}` (see timelyllm_ros/core/engine/cost_model.py).",
+              "Written by `timelyllm profile`; re-run it on the target machine to refresh.",
+              f"Measurement took {m.wall_s:.0f} s."]
+    write_profile(profile, args.output, header)
+    log(f"wrote {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
