@@ -18,7 +18,7 @@ import queue
 import sys
 import threading
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -80,8 +80,17 @@ class PlannerNode(Node):
             network_latency_s=p["network_latency_s"],
             report_timeout_factor=p["report_timeout_factor"],
             report_timeout_min_s=p["report_timeout_min_s"])
-        self._engine_config = self._engine_config_from(p)
-        self._engine_factory = engine_factory or VllmEngine
+        self._engine_kind = p["engine.kind"]
+        self._scripted_plans: dict[str, str] = {}
+        if self._engine_kind == "sim":
+            self._engine_config = None
+            self._engine_factory = engine_factory or _sim_engine_factory(p["engine.sim_profile"])
+            self._scripted_plans = _trace_plans()
+        elif self._engine_kind == "vllm":
+            self._engine_config = self._engine_config_from(p)
+            self._engine_factory = engine_factory or VllmEngine
+        else:
+            raise ValueError(f"parameter engine.kind: {self._engine_kind!r} is not 'vllm' or 'sim'")
         self._warm = p["warm_prefix_cache"]
 
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -115,6 +124,11 @@ class PlannerNode(Node):
             "report_timeout_factor": 3.0,
             "report_timeout_min_s": 5.0,
             "warm_prefix_cache": True,
+            # "vllm": the real engine. "sim": the calibrated cost-model engine paced to the wall
+            # clock, for replaying large LRTrace workloads over ROS; it "generates" each trace's
+            # plan, looked up by the goal's instruction in lrtrace/traces.yaml.
+            "engine.kind": "vllm",
+            "engine.sim_profile": "",
         }
         values = {}
         for name, default in defaults.items():
@@ -161,6 +175,9 @@ class PlannerNode(Node):
             self.get_logger().warning(f"rejected goal {msg.task_id!r}: {err}")
             self._publish_status(_bare_status(msg.task_id, msg.robot_id, "rejected", str(err)))
             return
+        if self._engine_kind == "sim":
+            spec = replace(spec, scripted_plan=self._scripted_plans.get(
+                spec.instruction, _FALLBACK_PLANS.get(spec.skill_set, "tk;ld;")))
         self._ensure_robot(spec.robot_id)
         self._inbox.put(_Goal(spec))
         self._wake.set()
@@ -176,7 +193,8 @@ class PlannerNode(Node):
     def _engine_main(self) -> None:
         try:
             self.get_logger().info(
-                f"loading engine ({self._engine_config.model}, policy {self._policy_name})")
+                f"loading {self._engine_kind} engine ({getattr(self._engine_config, 'model', 'cost model')}, "
+                f"policy {self._policy_name})")
             engine = self._engine_factory(self._engine_config)
             self._time_bridge = ClockBridge(engine_now=engine.now)
             scheduler = SegmentScheduler(engine, self._policy, self._skill_sets, self._exec_model,
@@ -273,6 +291,24 @@ class _RosListener:
 
     def on_status(self, snapshot: TaskSnapshot) -> None:
         self._node.publish_snapshot(snapshot)
+
+
+_FALLBACK_PLANS = {"drone": "tk;mf,100;tc,90;ld;", "arm": "pick(box)->place(box,table)",
+                   "chat": "Hello. How can I help?"}
+
+
+def _trace_plans() -> dict[str, str]:
+    from timelyllm_ros.lrtrace.traces import load_traces
+
+    return {t.instruction: t.plan for t in load_traces().values()}
+
+
+def _sim_engine_factory(profile_path: str):
+    from timelyllm_ros.core.engine.cost_model import EngineProfile
+    from timelyllm_ros.core.engine.realtime_sim import RealtimeSimulatedEngine
+
+    profile = EngineProfile.from_yaml(profile_path) if profile_path else None
+    return lambda _config: RealtimeSimulatedEngine(profile)
 
 
 def _parse_robots(entries: list[str], skill_sets: dict) -> dict[str, str] | None:
