@@ -15,7 +15,8 @@ from timelyllm_ros.robots import make_backend
 from timelyllm_ros.ros_env import REPO_ROOT
 
 SCALE = 0.05
-ROBOT = "tello_t"
+# Unique per process: concurrent runs of this test on one machine never see each other.
+ROBOT = f"tello_t{os.getpid()}"
 
 
 def _load_emulator_module():
@@ -53,12 +54,15 @@ def test_make_backend_kinds():
 
 
 @pytest.mark.ros
-def test_executor_node_with_tello_backend_executes_segments():
+def test_executor_node_with_tello_backend_executes_segments(monkeypatch):
     rclpy = pytest.importorskip("rclpy")
     from rclpy.executors import MultiThreadedExecutor
     from rclpy.node import Node
 
-    os.environ["ROS_DOMAIN_ID"] = "219"
+    # A private DDS domain on loopback, restored afterwards (other tests pick their own).
+    monkeypatch.setenv("ROS_DOMAIN_ID", "219")
+    monkeypatch.setenv("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    monkeypatch.setenv("RMW_IMPLEMENTATION", os.environ.get("RMW_IMPLEMENTATION", "rmw_fastrtps_cpp"))
     from timelyllm_ros.demo import isolate_ros_network
 
     isolate_ros_network()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -47,7 +48,7 @@ def test_simulated_engine_profile_is_recovered():
 
 
 class NoisyEngine:
-    """A minimal EngineAdapter with known linear costs, plus interference: every third step takes
+    """A minimal EngineAdapter with known linear costs, plus interference: 30% of the steps take
     an extra 50 ms (another process on a shared machine), and some requests stop early (EOS)."""
 
     name = "noisy"
@@ -59,6 +60,7 @@ class NoisyEngine:
         self.steps = 0
         self.timing = StepTiming()
         self.added = 0
+        self.rng = random.Random(1)
 
     def max_model_len(self):
         return self.p.max_model_len
@@ -85,8 +87,8 @@ class NoisyEngine:
         self.steps += 1
         prefill = sum(r["prompt"] for r in self.reqs.values() if r["new"])
         ctx = sum(r["prompt"] + r["gen"] for r in self.reqs.values())
-        duration = self.p.step_s(prefill, len(self.reqs), ctx) + (0.05 if self.steps % 3 == 0
-                                                                   else 0.0)
+        busy = self.rng.random() < 0.3
+        duration = self.p.step_s(prefill, len(self.reqs), ctx) + (0.05 if busy else 0.0)
         self.timing = StepTiming(duration_s=duration, batch_size=len(self.reqs))
         outs = []
         for rid, r in list(self.reqs.items()):
@@ -132,6 +134,29 @@ def test_configurations_that_do_not_fit_are_skipped():
     assert any("512 tokens" in s for s in m.skipped)
     assert any("batch 16" in s for s in m.skipped)
     assert {b for b, _, _ in m.decode} <= {1, 2}
+
+
+def test_robust_fit_drops_slow_outliers_only():
+    from timelyllm_ros.profile_cmd import Measurements
+
+    m = Measurements(kv_block_size=32, kv_total_blocks=600, max_model_len=2048)
+    m.prefill = [(n, TRUE.first_token_s(n)) for n in (16, 32, 64, 128, 256)]
+    m.decode = [(b, b * c, TRUE.decode_step_s(b, b * c)) for b in (1, 2, 4, 8) for c in (128, 512)]
+    clean = fit_measurements(m, name="clean", source="")
+    assert m.outliers == []
+    # Another process stole the CPU during two decode samples and one prefill sample.
+    m.decode[2] = (m.decode[2][0], m.decode[2][1], m.decode[2][2] * 4)
+    m.decode[5] = (m.decode[5][0], m.decode[5][1], m.decode[5][2] * 3)
+    m.prefill[1] = (m.prefill[1][0], m.prefill[1][1] * 5)
+    naive = fit_measurements(m, name="naive", source="", trim=False)
+    assert naive.decode_fixed_s != pytest.approx(TRUE.decode_fixed_s, rel=0.05)
+    robust = fit_measurements(m, name="robust", source="measured")
+    assert len(m.outliers) == 3
+    for key in ("prefill_per_token_s", "decode_fixed_s", "decode_per_seq_s",
+                "decode_per_ctx_token_s"):
+        assert getattr(robust, key) == pytest.approx(getattr(clean, key), rel=1e-6), key
+    assert "Dropped as interference" in robust.source and robust.source.startswith("measured")
+    assert "dropped from the fit" in summary(m, robust)
 
 
 def test_plans_are_sane():

@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "submit": ("timelyllm_ros.cli_submit", "publish one task goal and follow its status"),
     "profile": ("timelyllm_ros.profile_cmd", "measure the engine's latency and write its profile"),
     "bench": ("timelyllm_ros.bench.cli", "replay a workload under several policies and report utility / latency"),
+    "lrtrace": ("timelyllm_ros.lrtrace.cli", "record, fit, compose and replay robot timing traces"),
 }
 
 

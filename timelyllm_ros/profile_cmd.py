@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from timelyllm_ros.core.engine.base import EngineRequest
-from timelyllm_ros.core.engine.cost_model import EngineProfile, fit_profile
+from timelyllm_ros.core.engine.cost_model import EngineProfile, EngineProfileError, fit_profile
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUTPUT = REPO_ROOT / "config" / "engine_profiles" / "vllm-cpu-smollm2-135m.yaml"
@@ -53,12 +53,18 @@ class ProfilePlan:
     decode_batches: tuple[int, ...]
     # Context lengths are rounded down to whole KV blocks (plus SUFFIX_TOKENS).
     decode_contexts: tuple[int, ...]
+    # Decode steps per configuration, spread over `decode_rounds` visits.
     decode_steps: int
+    decode_rounds: int = 2
     warmup: bool = True
 
 
-# About 4 minutes with bf16 weights on a 2-core AVX2 machine; most of it is prefill.
-FULL = ProfilePlan(prefill_lengths=(16, 64, 128, 256, 512), prefill_repeats=3,
+# Prefill lengths cover what a planner really prefills: with the skill set's prompt in the prefix
+# cache, a task pays for its instruction and the partial last KV block (< 128 tokens on CPU), and
+# a resumed generation for even less. The cost grows faster than linearly beyond that on CPU, so
+# longer prompts would only pull the linear fit away from the range that matters.
+# About 3 minutes with bf16 weights on a 2-core AVX2 machine.
+FULL = ProfilePlan(prefill_lengths=(16, 32, 64, 128, 192, 256), prefill_repeats=3,
                    decode_batches=(1, 2, 4, 8, 16), decode_contexts=(128, 384, 768),
                    decode_steps=8)
 # Under 2 minutes on the same machine, engine start included.
@@ -81,6 +87,8 @@ class Measurements:
     kv_block_size: int = 16
     kv_total_blocks: int = 1
     max_model_len: int = 1
+    # Samples the robust fit dropped (filled by fit_measurements).
+    outliers: list[str] = field(default_factory=list)
 
 
 class Profiler:
@@ -166,6 +174,9 @@ class Profiler:
         return samples
 
     def run(self, plan: ProfilePlan) -> Measurements:
+        """Measure everything in `plan`. Repeats are spread over rounds, each round visiting
+        every configuration once, so that a burst of load from another process spoils one
+        sample of several configurations rather than every sample of one."""
         started = time.monotonic()
         m = Measurements()
         max_len = int(self.engine.max_model_len())
@@ -179,23 +190,25 @@ class Profiler:
         lengths = [n for n in plan.prefill_lengths if n + 2 <= max_len]
         m.skipped += [f"prefill {n} tokens: longer than max_model_len {max_len}"
                       for n in plan.prefill_lengths if n not in lengths]
-        for i, n in enumerate(lengths):
-            times = []
-            for r in range(plan.prefill_repeats):
-                times.append(self.time_to_first_token(self._random_ids(n)))
-                self.log(f"[prefill {i + 1}/{len(lengths)}] {n:5d} tokens, repeat "
-                         f"{r + 1}/{plan.prefill_repeats}: {times[-1] * 1e3:9.1f} ms")
-            m.prefill_raw[n] = times
-            m.prefill.append((n, min(times)))
+        raw: dict[int, list[float]] = {n: [] for n in lengths}
+        for r in range(plan.prefill_repeats):
+            for n in lengths:
+                raw[n].append(self.time_to_first_token(self._random_ids(n)))
+                self.log(f"[prefill round {r + 1}/{plan.prefill_repeats}] {n:5d} tokens: "
+                         f"{raw[n][-1] * 1e3:9.1f} ms")
+        m.prefill_raw = raw
+        m.prefill = [(n, min(raw[n])) for n in lengths]
 
         block = max(1, int(kv.block_size))
-        configs = []
+        rounds = max(1, plan.decode_rounds)
+        steps = max(1, -(-plan.decode_steps // rounds))
+        configs: list[tuple[int, int]] = []
         for ctx in plan.decode_contexts:
             prefix_len = max(block, ctx // block * block)
             for b in plan.decode_batches:
-                tokens = b * (prefix_len + SUFFIX_TOKENS + plan.decode_steps + 1)
+                tokens = b * (prefix_len + SUFFIX_TOKENS + steps + 1)
                 why = None
-                if prefix_len + SUFFIX_TOKENS + plan.decode_steps + 2 > max_len:
+                if prefix_len + SUFFIX_TOKENS + steps + 2 > max_len:
                     why = f"context {prefix_len} does not fit max_model_len {max_len}"
                 elif -(-tokens // block) + prefix_len // block > kv.total_blocks:
                     why = f"{tokens} tokens do not fit {kv.total_blocks} KV blocks"
@@ -203,38 +216,87 @@ class Profiler:
                     why = f"batch {b} exceeds max_num_seqs {self.max_num_seqs}"
                 if why:
                     m.skipped.append(f"decode batch {b} x context {ctx}: {why}")
-                else:
+                elif (prefix_len, b) not in configs:
                     configs.append((prefix_len, b))
-        done = 0
-        for prefix_len in dict.fromkeys(p for p, _ in configs):
-            prefix = self._random_ids(prefix_len)
-            # Prime the prefix cache: this request computes (and leaves cached) every full block
-            # of the prefix, so the decode requests below prefill only their own few tokens.
-            self.log(f"[decode] caching a {prefix_len}-token prefix ...")
-            self.time_to_first_token(prefix + self._random_ids(1))
-            for p, b in configs:
-                if p != prefix_len:
-                    continue
-                done += 1
-                samples = self.decode_steps(b, prefix, plan.decode_steps)
-                if not samples:
-                    m.skipped.append(f"decode batch {b} x context {prefix_len}: no clean step")
-                    continue
-                context, best = min(samples, key=lambda s: s[1])
-                m.decode.append((b, context, best))
-                m.decode_raw.append([s for _, s in samples])
-                self.log(f"[decode {done}/{len(configs)}] batch {b:3d} x context "
-                         f"{prefix_len + SUFFIX_TOKENS:5d}: fastest of {len(samples)} steps "
-                         f"{best * 1e3:8.2f} ms")
+        prefixes = {p: self._random_ids(p) for p, _ in configs}
+        samples: dict[tuple[int, int], list[tuple[int, float]]] = {c: [] for c in configs}
+        for r in range(rounds):
+            for prefix_len, prefix in prefixes.items():
+                # Prime the prefix cache: this request computes (and leaves cached) every full
+                # block of the prefix, so the decode requests prefill only their own few tokens.
+                # (Cheap after the first round: the blocks are still cached.)
+                t = self.time_to_first_token(prefix + self._random_ids(1))
+                self.log(f"[decode round {r + 1}/{rounds}] {prefix_len}-token prefix cached "
+                         f"({t * 1e3:.0f} ms)")
+                for p, b in configs:
+                    if p != prefix_len:
+                        continue
+                    got = self.decode_steps(b, prefix, steps)
+                    samples[(p, b)] += got
+                    if got:
+                        self.log(f"[decode round {r + 1}/{rounds}] batch {b:3d} x context "
+                                 f"{p + SUFFIX_TOKENS:5d}: {len(got)} steps, fastest "
+                                 f"{min(d for _, d in got) * 1e3:8.2f} ms")
+        for (p, b), got in samples.items():
+            if not got:
+                m.skipped.append(f"decode batch {b} x context {p}: no clean decode step")
+                continue
+            context, best = min(got, key=lambda s: s[1])
+            m.decode.append((b, context, best))
+            m.decode_raw.append([d for _, d in got])
         m.wall_s = time.monotonic() - started
         return m
 
 
-def fit_measurements(m: Measurements, *, name: str, source: str) -> EngineProfile:
-    return fit_profile(
-        m.prefill, m.decode, name=name, source=source, kv_block_size=m.kv_block_size,
-        kv_total_blocks=m.kv_total_blocks, max_model_len=m.max_model_len,
-        prefill_includes_first_decode=True)
+# A sample this much slower than the fit of the others is taken as interference (another
+# process had the CPU); interference only ever adds time, so only slow samples are dropped.
+OUTLIER_RATIO = 1.5
+
+
+def fit_measurements(m: Measurements, *, name: str, source: str,
+                     trim: bool = True) -> EngineProfile:
+    """Fit the cost model; with `trim`, drop the worst slow outlier and refit, while any sample
+    is OUTLIER_RATIO times slower than the fit, dropping at most a third of each kind.
+    Dropped samples are listed in `m.outliers` and in the profile's source."""
+    prefill, decode = list(m.prefill), list(m.decode)
+    m.outliers = []
+
+    def fit(pre, dec, note=""):
+        return fit_profile(
+            pre, dec, name=name, source=source + note, kv_block_size=m.kv_block_size,
+            kv_total_blocks=m.kv_total_blocks, max_model_len=m.max_model_len,
+            prefill_includes_first_decode=True)
+
+    profile = fit(prefill, decode)
+    budget_p, budget_d = len(prefill) // 3, len(decode) // 3
+    while trim:
+        ratios = [(t / profile.first_token_s(n), "prefill", (n, t)) for n, t in prefill
+                  if budget_p > 0] + \
+                 [(t / profile.decode_step_s(b, c), "decode", (b, c, t)) for b, c, t in decode
+                  if budget_d > 0]
+        ratios = [r for r in ratios if r[0] > OUTLIER_RATIO]
+        if not ratios:
+            break
+        ratio, kind, sample = max(ratios)
+        pre = [x for x in prefill if x != sample] if kind == "prefill" else prefill
+        dec = [x for x in decode if x != sample] if kind == "decode" else decode
+        try:
+            candidate = fit(pre, dec)
+        except EngineProfileError:
+            break  # dropping it would leave the fit undetermined
+        prefill, decode, profile = pre, dec, candidate
+        if kind == "prefill":
+            budget_p -= 1
+            m.outliers.append(f"prefill {sample[0]} tokens {sample[1] * 1e3:.1f} ms "
+                              f"(x{ratio:.1f} the fit)")
+        else:
+            budget_d -= 1
+            m.outliers.append(f"decode batch {sample[0]} context {sample[1]} "
+                              f"{sample[2] * 1e3:.1f} ms (x{ratio:.1f} the fit)")
+    if m.outliers:
+        profile = fit(prefill, decode, "\nDropped as interference (slower than "
+                      f"{OUTLIER_RATIO}x the fit of the rest): " + "; ".join(m.outliers) + ".")
+    return profile
 
 
 def summary(m: Measurements, profile: EngineProfile) -> str:
@@ -260,6 +322,8 @@ def summary(m: Measurements, profile: EngineProfile) -> str:
               f"{profile.decode_per_ctx_token_s * 1e6:.4f} us * ctx",
               f"  KV cache: {profile.kv_total_blocks} blocks of {profile.kv_block_size} tokens; "
               f"max_model_len {profile.max_model_len}"]
+    if m.outliers:
+        lines.append("dropped from the fit as interference: " + "; ".join(m.outliers))
     if m.skipped:
         lines.append("skipped: " + "; ".join(m.skipped))
     return "\n".join(lines)
@@ -380,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{Path(args.model).name}, dtype {config.dtype}, enforce_eager {config.enforce_eager}.\n"
         f"Prefill: time to first token of one uncached random prompt, minimum of "
         f"{plan.prefill_repeats} repeats, lengths {', '.join(str(n) for n, _ in m.prefill)}.\n"
-        f"Decode: fastest of {plan.decode_steps} steps per batch size "
+        f"Decode: fastest of {plan.decode_steps} steps in {plan.decode_rounds} rounds per batch size "
         f"({', '.join(map(str, plan.decode_batches))}) and context "
         f"({', '.join(map(str, plan.decode_contexts))}) pair."
         + (f"\nCPU pressure (PSI some avg300) at the end: {pressure}%." if pressure else ""))

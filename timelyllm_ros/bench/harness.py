@@ -60,7 +60,7 @@ ROBOT_MODES = ("queue", "parallel")
 
 # Tuned defaults (see docs/bench.md, "Tuning"):
 # - suspended generations are resumed as soon as admission allows (a resume lead only delays them:
-#   waiting time grew by 5-15% in WID1-3 with leads of 0.2-0.5 s);
+#   waiting time grew by up to 14% in WID1-3 with leads of 0.2-0.5 s, see docs/bench.md);
 # - TimelyLLM's g is the paper's profiled 90 ms (the policy's default);
 # - segmented policies (fcfs-seg, edf-seg, timelyllm*) run with a fixed cap of 16 running
 #   generations instead of their own admission: TimelyLLM's latency-guided admission (§4.4) as

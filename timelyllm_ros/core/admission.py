@@ -2,24 +2,31 @@
 
 Larger batches raise throughput but slow every running generation's next token, by an amount
 that is hard to predict. TimelyLLM sidesteps the prediction: a segment has a known length bound
-(max_segment_tokens), so the worst case for the most urgent running generation is its remaining
-tokens divided by the speed measured over the last few steps. Admit only while that worst case
-fits its remaining budget, then wait `lag_steps` engine steps so the next decision sees the
-speed *with* the newcomer in the batch.
+(max_segment_tokens), so the worst case for a running generation is its remaining tokens divided
+by the speed measured over the last few steps. An admission must not push a running generation
+that still fits its budget over it; after such an admission the controller waits `lag_steps`
+engine steps so the next decision sees the speed *with* the newcomer in the batch.
 
 Every controller here has the same interface so the scheduler can swap them:
 `may_admit(running, rate, free_kv_blocks, blocks_needed) -> (bool, reason)`, plus
-`note_admission()` after it actually admitted and `note_step()` after each engine step.
+`note_admission()` after it actually admitted and `note_step(duration_s=None, batch_size=None)`
+after each engine step (the step's measurements feed `LatencyGuidedAdmission`'s speed model;
+without them it assumes the current speed and relies on the lag).
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from collections import deque
 from typing import Sequence
 
-# (tokens generated so far in the current segment, remaining time budget in seconds)
-RunningInfo = tuple[int, float]
+import numpy as np
+
+# (tokens generated so far in the current segment, remaining time budget in seconds), optionally
+# followed by that generation's own segment length bound (max_segment_tokens of its skill set);
+# without it the controller's `max_segment_tokens` applies.
+RunningInfo = tuple[int, float] | tuple[int, float, int]
 
 
 class TokenRateMeter:
@@ -68,55 +75,158 @@ def _blocks_ok(free_kv_blocks: int, blocks_needed: int) -> tuple[bool, str]:
     return True, ""
 
 
+class BatchSpeedModel:
+    """Step time as a function of batch size, measured over the last `window` engine steps.
+
+    The admission check needs the speed *with* one more sequence in the batch before that
+    sequence is there. Record (batch size, step duration) after every engine step; the step time
+    at batch size n is predicted by a least-squares line over the window when it saw more than
+    one batch size (slope clamped at >= 0: one more sequence never makes a step faster), and is
+    the window's mean step time otherwise (nothing to extrapolate from; the admission's one-step
+    lag then measures the real effect). Steps that prefill a newcomer are part of the window, so
+    the slope also carries the admission's own prefill cost.
+    """
+
+    def __init__(self, window: int = 16):
+        if window < 2:
+            raise ValueError("window must be >= 2")
+        self.window = int(window)
+        self._steps: deque[tuple[float, float]] = deque(maxlen=self.window)
+
+    def record(self, batch_size: int, duration_s: float) -> None:
+        duration_s = float(duration_s)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) \
+                or batch_size < 0:
+            raise ValueError(f"batch size must be an integer >= 0, got {batch_size!r}")
+        if not (math.isfinite(duration_s) and duration_s >= 0):
+            raise ValueError(f"step duration must be finite and >= 0, got {duration_s}")
+        if batch_size == 0 or duration_s == 0:
+            return  # an idle or instantaneous step says nothing about decode speed
+        self._steps.append((float(batch_size), duration_s))
+
+    def slope_s(self) -> float | None:
+        """Seconds one more sequence adds to a step (>= 0), or None without two batch sizes."""
+        if len(self._steps) < 2:
+            return None
+        b = np.fromiter((s[0] for s in self._steps), dtype=float, count=len(self._steps))
+        d = np.fromiter((s[1] for s in self._steps), dtype=float, count=len(self._steps))
+        db = b - b.mean()
+        var = float(db @ db)
+        if var <= 0:
+            return None
+        return max(0.0, float(db @ (d - d.mean())) / var)
+
+    def step_time_s(self, batch_size: int) -> float | None:
+        """Predicted duration of a step with `batch_size` sequences; None before any step."""
+        if not self._steps:
+            return None
+        mean_b = sum(s[0] for s in self._steps) / len(self._steps)
+        mean_d = sum(s[1] for s in self._steps) / len(self._steps)
+        slope = self.slope_s()
+        if slope is None:
+            return mean_d
+        return max(0.0, mean_d + slope * (batch_size - mean_b))
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def reset(self) -> None:
+        self._steps.clear()
+
+
 class LatencyGuidedAdmission:
     """Latency-guided batch size selection (§4.4).
 
-    `skip_late`: a running generation whose budget is already negative cannot be saved by
-    refusing admissions, and under overload most running generations are late; checking them
-    would stop all admissions until the batch drained to one generation at a time. So by
-    default the most urgent generation is the one with the smallest *non-negative* budget. Pass
-    skip_late=False for the literal rule (smallest budget, late or not).
+    For every running generation the worst case to finish its segment is
+    `(max_segment_tokens - tokens_generated) / rate`. A generation is *protected* when that worst
+    case fits its remaining budget at the measured speed; one that does not fit (including every
+    generation already past its budget) cannot be saved by refusing admissions, since one
+    sequence more or less changes a step by a fraction of a millisecond. A newcomer is refused
+    only if, at the speed predicted for the batch *with* it (`BatchSpeedModel`, or the caller's
+    `predicted_rate`), some protected generation would no longer fit. After an admission made
+    while something was protected, further admissions wait `lag_steps` engine steps (as long as
+    something is still protected), so the speed with the newcomer is measured before the next
+    decision. With nothing protected there is nothing to wait for.
+
+    An earlier version protected only the most urgent generation with a non-negative budget and
+    refused whenever *it* did not fit, even though refusing could not help it: at ~45 tokens/s a
+    fresh 10-token segment needs 0.22 s, more than an urgent task's ERT (0.2 s), so admissions
+    stopped and the queue starved (WID2: mean utility -4.1; see docs/bench.md).
     """
 
-    def __init__(self, max_segment_tokens: int = 10, lag_steps: int = 1, *, skip_late: bool = True):
+    def __init__(self, max_segment_tokens: int = 10, lag_steps: int = 1, *,
+                 speed_model: BatchSpeedModel | None = None):
         if max_segment_tokens < 1:
             raise ValueError("max_segment_tokens must be >= 1")
         if lag_steps < 0:
             raise ValueError("lag_steps must be >= 0")
         self.max_segment_tokens = int(max_segment_tokens)
         self.lag_steps = int(lag_steps)
-        self.skip_late = skip_late
-        # Steps measured since the last admission; starts "long ago".
-        self._steps_since_admission = self.lag_steps
+        self.speed_model = speed_model if speed_model is not None else BatchSpeedModel()
+        # Steps measured since the last admission that had something to protect; starts "long ago".
+        self._steps_since_protected = self.lag_steps
+        self._last_ok_protected = False
+
+    def _remaining(self, info: Sequence) -> int:
+        bound = int(info[2]) if len(info) > 2 else self.max_segment_tokens
+        return max(0, bound - int(info[0]))
+
+    def predicted_rate(self, batch_size: int, rate: float) -> float:
+        """tokens/s of one generation once the batch has `batch_size` sequences."""
+        step = 1.0 / rate
+        model_step = self.speed_model.step_time_s(batch_size)
+        if model_step is not None and model_step > step:
+            step = model_step
+        return 1.0 / step
 
     def may_admit(self, running: Sequence[RunningInfo], rate: float | None,
-                  free_kv_blocks: int, blocks_needed: int) -> tuple[bool, str]:
+                  free_kv_blocks: int, blocks_needed: int, *,
+                  predicted_rate: float | None = None) -> tuple[bool, str]:
+        """`predicted_rate`: tokens/s with the newcomer, if the caller knows better than the
+        speed model; it is never taken as faster than `rate`."""
+        self._last_ok_protected = False
         ok, why = _blocks_ok(free_kv_blocks, blocks_needed)
         if not ok:
             return False, why
         if not running:
             return True, "no running generation to protect"
-        if self._steps_since_admission < self.lag_steps:
-            left = self.lag_steps - self._steps_since_admission
-            return False, f"lag: waiting {left} more step(s) to measure the last admission"
-        candidates = [r for r in running if r[1] >= 0] if self.skip_late else list(running)
-        if not candidates:
-            return True, "every running generation is already past its budget"
-        tokens_generated, budget_s = min(candidates, key=lambda r: r[1])
         if rate is None or not (rate > 0 and math.isfinite(rate)):
             return True, "generation speed not measured yet"
-        remaining = max(0, self.max_segment_tokens - int(tokens_generated))
-        worst_s = remaining / rate
+        protected = []
+        for info in running:
+            remaining = self._remaining(info)
+            budget_s = float(info[1])
+            if budget_s >= 0 and remaining / rate <= budget_s:
+                protected.append((remaining, budget_s))
+        if not protected:
+            return True, "no running generation fits its budget: nothing to protect"
+        if self._steps_since_protected < self.lag_steps:
+            left = self.lag_steps - self._steps_since_protected
+            return False, f"lag: waiting {left} more step(s) to measure the last admission"
+        if predicted_rate is None or not (predicted_rate > 0 and math.isfinite(predicted_rate)):
+            new_rate = self.predicted_rate(len(running) + 1, rate)
+        else:
+            new_rate = min(float(predicted_rate), rate)
+        remaining, budget_s = min(protected, key=lambda p: p[1] - p[0] / new_rate)
+        worst_s = remaining / new_rate
         if worst_s > budget_s:
-            return False, (f"most urgent running generation needs up to {worst_s:.3f} s"
-                           f" ({remaining} tokens at {rate:.1f} tok/s), budget {budget_s:.3f} s")
-        return True, f"worst case {worst_s:.3f} s fits budget {budget_s:.3f} s"
+            return False, (f"a running generation would need up to {worst_s:.3f} s ({remaining} "
+                           f"tokens at {new_rate:.1f} tok/s with one more sequence), budget "
+                           f"{budget_s:.3f} s")
+        self._last_ok_protected = True
+        return True, (f"{len(protected)} protected generation(s) still fit with one more sequence"
+                      f" (tightest: {worst_s:.3f} s of {budget_s:.3f} s)")
 
     def note_admission(self) -> None:
-        self._steps_since_admission = 0
+        if self._last_ok_protected:
+            self._steps_since_protected = 0
+        self._last_ok_protected = False
 
-    def note_step(self) -> None:
-        self._steps_since_admission += 1
+    def note_step(self, duration_s: float | None = None, batch_size: int | None = None) -> None:
+        """After each engine step; with the step's duration and batch size the speed model learns."""
+        self._steps_since_protected += 1
+        if duration_s is not None and batch_size is not None:
+            self.speed_model.record(int(batch_size), duration_s)
 
 
 class FixedBatchCap:
@@ -139,7 +249,7 @@ class FixedBatchCap:
     def note_admission(self) -> None:
         pass
 
-    def note_step(self) -> None:
+    def note_step(self, duration_s: float | None = None, batch_size: int | None = None) -> None:
         pass
 
 
@@ -154,5 +264,5 @@ class BlocksOnlyAdmission:
     def note_admission(self) -> None:
         pass
 
-    def note_step(self) -> None:
+    def note_step(self, duration_s: float | None = None, batch_size: int | None = None) -> None:
         pass

@@ -64,8 +64,9 @@ class SparseSkill:
         if self.why:
             return f"{self.skill}: {self.why}"
         const = "MIN_LINEAR_SAMPLES" if self.kind == "linear" else "MIN_EMPIRICAL_SAMPLES"
-        return (f"{self.skill}: {self.count} sample{'s' if self.count != 1 else ''}, a {self.kind} "
-                f"fit needs at least {self.needed} ({const})")
+        article = "an" if self.kind[0] in "aeiou" else "a"
+        return (f"{self.skill}: {self.count} sample{'s' if self.count != 1 else ''}, {article} "
+                f"{self.kind} fit needs at least {self.needed} ({const})")
 
 
 class SparseSkillsError(FitError):
@@ -143,7 +144,7 @@ def fit_linear(xs: Sequence[float], ys: Sequence[float]) -> dict[str, float]:
     ss_tot = float(np.sum((y - y.mean()) ** 2))
     ss_res = float(np.sum(resid ** 2))
     r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else (1.0 if ss_res < 1e-18 else 0.0)
-    ok = (y > 0) & (fitted > 0)
+    ok = (y > 1e-9) & (fitted > 1e-9)  # log residuals need positive durations
     logres = np.log(y[ok] / fitted[ok])
     dof = max(int(ok.sum()) - 2, 1)
     sigma = float(np.sqrt(np.sum(logres ** 2) / dof)) if ok.any() else 0.0
@@ -318,6 +319,18 @@ def load_base(path: str | os.PathLike | None) -> dict:
         return yaml.safe_load(fh)
 
 
+class _ModelDumper(yaml.SafeDumper):
+    """Block mappings (one key per line, like config/exec_model.yaml), flow lists (samples on a
+    few lines), no anchors/aliases."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+_ModelDumper.add_representer(
+    list, lambda dumper, data: dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=True))
+
+
 def write_model(result: FitResult, path: str | os.PathLike, base_path: str | os.PathLike | None = None) -> Path:
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
@@ -332,8 +345,8 @@ def write_model(result: FitResult, path: str | os.PathLike, base_path: str | os.
     if result.kept:
         header.append("kept from base: " + ", ".join(f"{k} ({v})" for k, v in sorted(result.kept.items())))
     text = "".join(f"# {line}\n" for line in header)
-    text += yaml.safe_dump(result.config, sort_keys=False, default_flow_style=None, width=100,
-                           allow_unicode=True)
+    text += yaml.dump(result.config, Dumper=_ModelDumper, sort_keys=False, width=100,
+                      allow_unicode=True)
     tmp = p.with_name(p.name + ".tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, p)

@@ -76,12 +76,12 @@ class TableBuild:
         parts = [f"{len(self.rows)} rows ({multi} multi-call) from {self.segments} segments and "
                  f"{self.reports} reports"]
         if self.empty_segments:
-            parts.append(f"{self.empty_segments} segments without calls skipped")
+            parts.append(f"{self.empty_segments} segment(s) without calls skipped")
         if self.unreported:
-            parts.append(f"{len(self.unreported)} segments never reported "
+            parts.append(f"{len(self.unreported)} segment(s) never reported "
                          f"(e.g. {self.unreported[0][0]}#{self.unreported[0][1]})")
         if self.orphan_reports:
-            parts.append(f"{len(self.orphan_reports)} reports without a recorded segment "
+            parts.append(f"{len(self.orphan_reports)} report(s) without a recorded segment "
                          f"(e.g. {self.orphan_reports[0][0]}#{self.orphan_reports[0][1]})")
         if self.bad_reports:
             parts.append(f"{len(self.bad_reports)} bad reports ignored ({self.bad_reports[0]})")

@@ -33,6 +33,7 @@ from timelyllm_ros.core.skills.base import SkillCall
 from timelyllm_ros.core.tuf import default_config_dir
 from timelyllm_ros.msg import ExecutionReport, SkillSegment
 from timelyllm_ros.nodes import topics
+from timelyllm_ros.nodes.runtime import spin_until_shutdown
 from timelyllm_ros.nodes.conversions import parse_wire_call, s_to_time
 from timelyllm_ros.robots import make_backend
 from timelyllm_ros.robots.tello import DEFAULT_HOST as DEFAULT_TELLO_HOST
@@ -162,14 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"executor: {err}", file=sys.stderr)
         rclpy.try_shutdown()
         return 2
-    try:
-        rclpy.spin(node)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        node.shutdown()
-        node.destroy_node()
-        rclpy.try_shutdown()
+    spin_until_shutdown(node, cleanup=node.shutdown)
     return 0
 
 

@@ -36,6 +36,7 @@ from timelyllm_ros.core.tuf import default_config_dir, load_tuf_levels
 from timelyllm_ros.core.validation import GoalError, validate_goal
 from timelyllm_ros.msg import ExecutionReport, PlannerMetrics, TaskGoal, TaskStatus
 from timelyllm_ros.nodes import topics
+from timelyllm_ros.nodes.runtime import spin_until_shutdown
 from timelyllm_ros.nodes.conversions import (ClockBridge, goal_fields, s_to_time, segment_msg,
                                              status_msg, time_to_s)
 
@@ -341,15 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"planner: {err}", file=sys.stderr)
         rclpy.try_shutdown()
         return 2
-    try:
-        while rclpy.ok() and not node._stop.is_set():
-            rclpy.spin_once(node, timeout_sec=0.2)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        node.shutdown()
-        node.destroy_node()
-        rclpy.try_shutdown()
+    spin_until_shutdown(node, cleanup=node.shutdown, until=node._stop.is_set)
     return 0
 
 

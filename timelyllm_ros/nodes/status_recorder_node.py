@@ -15,6 +15,7 @@ from rclpy.node import Node
 
 from timelyllm_ros.msg import TaskStatus
 from timelyllm_ros.nodes import topics
+from timelyllm_ros.nodes.runtime import spin_until_shutdown
 from timelyllm_ros.nodes.conversions import time_to_s
 
 
@@ -53,14 +54,7 @@ class StatusRecorderNode(Node):
 def main(argv: list[str] | None = None) -> int:
     rclpy.init(args=argv if argv is not None else sys.argv)
     node = StatusRecorderNode()
-    try:
-        rclpy.spin(node)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        node.close()
-        node.destroy_node()
-        rclpy.try_shutdown()
+    spin_until_shutdown(node, cleanup=node.close)
     return 0
 
 

@@ -554,6 +554,10 @@ class TelloBackend:
                         if note:
                             notes.append(note)
             except TelloError as err:
+                if isinstance(err, TelloTimeout):
+                    # The drone may have rebooted or dropped out of SDK mode: send `command`
+                    # again before the next segment.
+                    self._connected = False
                 return False, (f"tello: {wire}: {err} (after {done} of {len(plan)} skill call(s); "
                                f"sent: {', '.join(sent) or 'nothing'})")
             except Exception as err:  # noqa: BLE001 - a detector's bug must not kill the executor
