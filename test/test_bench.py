@@ -10,11 +10,15 @@ import numpy as np
 import pytest
 
 from timelyllm_ros.bench import cli
-from timelyllm_ros.bench.harness import (BenchConfig, SimulatedRobots, TaskResult, run_policy,
-                                         shorten, task_type)
+from timelyllm_ros.bench.harness import (PAPER_PROMPT_TOKENS, BenchConfig, EnginePool,
+                                         SimulatedRobots, TaskResult, build_engine, pad_skill_sets,
+                                         run_policy, shorten, task_type)
 from timelyllm_ros.bench.metrics import (METRIC_KEYS, compute_metrics, format_table, json_safe,
                                          results_json)
+from timelyllm_ros.core.engine.sim_engine import PieceTokenizer
 from timelyllm_ros.core.exec_model import ExecutionTimeModel
+from timelyllm_ros.core.skills.skillset import load_skillsets
+from timelyllm_ros.core.tuf import default_config_dir
 from timelyllm_ros.core.skills.base import SkillCall
 from timelyllm_ros.core.task import SegmentRecord
 from timelyllm_ros.lrtrace.workload import compose, load_workload
@@ -47,6 +51,81 @@ def test_timelyllm_beats_vllm_on_utility(small_runs):
     by = {p: compute_metrics(r.tasks)["by_type"] for p, r in small_runs.items()}
     assert by["timelyllm"]["drone-normal"]["utility_mean"] >= \
         by["vllm"]["drone-normal"]["utility_mean"] - 1e-9
+
+
+def test_defaults_are_the_papers_configuration(small_runs):
+    vllm, tl = small_runs["vllm"].config, small_runs["timelyllm"].config
+    # 2884-token prompts; the baseline without prefix caching, TimelyLLM with it; TimelyLLM uses
+    # its own latency-guided admission (no cap).
+    assert vllm["prompt_tokens"] == tl["prompt_tokens"] == PAPER_PROMPT_TOKENS
+    assert vllm["prompt_tokens_min"] == tl["prompt_tokens_min"] == PAPER_PROMPT_TOKENS
+    assert vllm["engine_prefix_cache"] is False and tl["engine_prefix_cache"] is True
+    assert tl["policy_batch_cap"] is None and tl["segmented_batch_cap"] is None
+
+
+def test_short_prompt_and_baseline_cache_on(small):
+    workload, events = small
+    events = events[:3]
+    cfg = BenchConfig(prompt_tokens=None, baseline_prefix_cache=True)
+    run = run_policy(events, "vllm", workload, cfg)
+    assert run.config["engine_prefix_cache"] is True
+    assert 400 < run.config["prompt_tokens_min"] < 500  # the drone skill set's own prompt
+    long = run_policy(events, "vllm", workload, replace(cfg, prompt_tokens=PAPER_PROMPT_TOKENS))
+    # The fixed preamble is shared and cached: response times grow only by the longer context.
+    short_rt = np.mean([t.response_time_s for t in run.tasks])
+    long_rt = np.mean([t.response_time_s for t in long.tasks])
+    assert short_rt < long_rt < short_rt + 0.3
+
+
+def test_pad_skill_sets():
+    sets = load_skillsets(default_config_dir() / "skillsets")
+    instructions = {"drone": ["find a bottle", "fly up and look around for a red ball please"]}
+    padded = pad_skill_sets(sets, 2884, instructions)
+    tok = PieceTokenizer()
+
+    def length(ss, text):
+        return len(tok.tokenize("\n".join(m["content"] for m in ss.render_messages(text)) + "\n"))
+
+    drone = padded["drone"]
+    assert length(drone, "find a bottle") == 2884  # the shortest prompt has exactly N tokens
+    assert length(drone, instructions["drone"][1]) > 2884
+    # A fixed preamble in front of the original prompt: shared by every task of the set.
+    assert drone.system_prompt.endswith(sets["drone"].system_prompt)
+    assert padded["arm"] is sets["arm"] and padded["chat"] is sets["chat"]  # no instructions
+    assert pad_skill_sets(sets, None, instructions) == sets
+    assert pad_skill_sets(sets, 10, instructions)["drone"] is sets["drone"]  # already longer
+
+
+def test_engine_pool_rebuilds_only_on_cache_change():
+    built = []
+
+    class Fake:
+        def __init__(self, cache):
+            self.cache, self.closed = cache, False
+            built.append(self)
+
+        def shutdown(self):
+            self.closed = True
+
+    pool = EnginePool(BenchConfig(), build=lambda cfg, prefix_cache: Fake(prefix_cache))
+    a = pool.get(False)
+    assert pool.get(False) is a and len(built) == 1
+    b = pool.get(True)
+    assert a.closed and b.cache is True and len(built) == 2
+    pool.shutdown()
+    assert b.closed
+
+
+def test_real_engine_baseline_without_prefix_cache(monkeypatch):
+    from timelyllm_ros.core.engine import vllm_engine
+    seen = []
+    monkeypatch.setattr(vllm_engine, "VllmEngine", lambda config: seen.append(config) or config)
+    cfg = BenchConfig(engine="vllm", model="some/model")
+    assert build_engine(cfg, prefix_cache=False).enable_prefix_caching is False
+    assert build_engine(cfg).enable_prefix_caching is True
+    assert cfg.effective_prompt_tokens is None  # prompts are padded on the simulated engine only
+    assert vllm_engine.VllmEngineConfig.from_mapping(
+        {"model": "m", "enable_prefix_caching": False}).enable_prefix_caching is False
 
 
 def test_same_seed_same_results(small, small_runs):
@@ -225,6 +304,8 @@ def test_cli_json_and_plots(tmp_path, capsys):
     (["--workload", "WID9"], "unknown workload preset"),
     (["--workload", "no/such/file.yaml"], "no such workload file"),
     (["--workload", "WID1", "--engine", "vllm"], "--model"),
+    (["--workload", "WID1", "--engine", "vllm", "--model", "m", "--prompt-tokens", "100"],
+     "simulated engine only"),
 ])
 def test_cli_usage_errors(argv, message, capsys):
     assert cli.main([*argv, "--no-progress"]) == 2

@@ -407,15 +407,22 @@ def test_sigkill_leaves_acknowledged_messages_salvageable(tmp_path, capsys):
     assert re.search(r"/timelyllm/task_goals\s+timelyllm_ros/msg/TaskGoal\s+3", printed.out), printed
 
 
-def test_duration_stops_by_itself_with_an_empty_valid_bag(tmp_path):
-    rec = Recorder(DOMAIN_BASE + 3, tmp_path / "idle.mcap", "--duration", "2")
-    rc = rec.proc.wait(timeout=120)
-    assert rc == 0, rec.output()
+def test_node_with_ros_args_and_duration_stops_by_itself(tmp_path):
+    """As a launch file starts it: `python -m ...lrtrace_recorder_node --ros-args -p ...`."""
+    out = tmp_path / "idle.mcap"
+    proc = subprocess.run(
+        [sys.executable, "-m", "timelyllm_ros.nodes.lrtrace_recorder_node", "--ros-args",
+         "-p", f"output:={out}", "-p", "robots:=drone_1,drone_2", "-p", "duration_s:=2.0"],
+        cwd=REPO, env=_env(DOMAIN_BASE + 3), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "robots: drone_1, drone_2; for 2 s" in proc.stdout
     from timelyllm_ros.lrtrace.bag import read_messages
 
-    contents = read_messages(tmp_path / "idle.mcap")  # the -o name resolves to the directory
+    contents = read_messages(out)  # the -o name resolves to the bag directory
     assert contents.messages == []
-    assert set(contents.topics) == {"/timelyllm/task_goals", "/timelyllm/task_status"}
+    assert set(contents.topics) == {"/timelyllm/task_goals", "/timelyllm/task_status",
+                                    "/drone_1/skill_segments", "/drone_1/execution_reports",
+                                    "/drone_2/skill_segments", "/drone_2/execution_reports"}
     assert (tmp_path / "idle" / "skill_timings.csv").is_file()
 
 
@@ -425,3 +432,54 @@ def test_existing_output_is_refused(tmp_path, capsys):
     (tmp_path / "taken").mkdir()
     assert cli.main(["record", "-o", str(tmp_path / "taken.mcap")]) == 1
     assert "already exists" in capsys.readouterr().err
+
+
+def test_bad_arguments_exit_2_and_create_nothing(tmp_path, capsys):
+    from timelyllm_ros.lrtrace import cli
+
+    assert cli.main(["record", "-o", str(tmp_path / "r.mcap"), "--robots", "drone 1"]) == 2
+    assert "'drone 1' is not a valid ROS namespace" in capsys.readouterr().err
+    assert cli.main(["record", "-o", str(tmp_path / "r.mcap"), "--duration", "-1"]) == 2
+    assert not (tmp_path / "r").exists()
+
+
+def test_rclpy_round_trip_of_every_message_type():
+    """rclpy -> rosbags dataclass -> CDR -> rclpy gives back every field (NaN included)."""
+    import math as _math
+
+    from builtin_interfaces.msg import Time
+    from rclpy.serialization import deserialize_message, serialize_message
+
+    from timelyllm_ros.lrtrace import bag as bagmod
+    from timelyllm_ros.msg import (ExecutionReport, PlannerMetrics, SkillSegment, TaskGoal,
+                                   TaskStatus)
+
+    msgs = [
+        TaskGoal(task_id="a", robot_id="drone_1", skill_set="drone", instruction="find ✓ the cat",
+                 urgency="", expected_response_time_s=0.5, decline_slope_per_s=2.0,
+                 initial_utility=1.0, stamp=Time(sec=3, nanosec=999_999_999)),
+        SkillSegment(task_id="a", robot_id="drone_1", sequence=7, text="8{tc,45;}",
+                     calls=["turn_cw(45)"] * 3, is_last=True, estimated_execution_s=2.5),
+        ExecutionReport(task_id="a", robot_id="drone_1", sequence=2**32 - 1, success=False,
+                        started=Time(sec=1, nanosec=2), finished=Time(sec=3, nanosec=4), message="x"),
+        TaskStatus(task_id="a", state="done", response_time_s=float("nan"), utility=-0.5,
+                   waiting_time_s=1.25, cached_tokens_total=1152),
+        PlannerMetrics(policy="timelyllm", engine="vllm", queued=3, kv_free_blocks=10,
+                       fetch_overhead_ms=2.03),
+    ]
+    for msg in msgs:
+        msgtype = bagmod.msgtype_of(msg)
+        raw = bagmod.serialize(msg)
+        back = deserialize_message(raw, type(msg))  # what ros2 bag play would publish
+        again = bagmod.to_rclpy(bagmod.deserialize(raw, msgtype))
+        for other in (back, again):
+            for name in msg.get_fields_and_field_types():
+                want, got = getattr(msg, name), getattr(other, name)
+                if isinstance(want, float) and _math.isnan(want):
+                    assert _math.isnan(got), (msgtype, name)
+                else:
+                    assert got == want, (msgtype, name, got, want)
+        # and bytes from rclpy decode with the typestore
+        decoded = bagmod.to_dict(bagmod.deserialize(bytes(serialize_message(msg)), msgtype))
+        key = "task_id" if "task_id" in decoded else "policy"
+        assert decoded[key] == getattr(msg, key)

@@ -210,3 +210,25 @@ def test_shipped_cpu_profile_loads():
     assert profile.name == "vllm-cpu-smollm2-135m"
     assert profile.decode_step_s(1, 500) > 0 and profile.first_token_s(400) > 0
     SimulatedEngine(profile)
+
+
+def test_main_repeats_option(tmp_path, monkeypatch):
+    plans = []
+
+    class Config:
+        dtype, enforce_eager, max_num_seqs = "bfloat16", True, 32
+
+    real_run = Profiler.run
+
+    def spy(self, plan):
+        plans.append(plan)
+        return real_run(self, plan)
+
+    monkeypatch.setattr(profile_cmd, "build_engine", lambda *a: (SimulatedEngine(TRUE), Config()))
+    monkeypatch.setattr(Profiler, "run", spy)
+    out = tmp_path / "p.yaml"
+    assert profile_cmd.main(["--model", str(tmp_path), "--output", str(out), "--quick",
+                             "--repeats", "4"]) == 0
+    assert plans[0].prefill_repeats == 4 and plans[0].decode_rounds == 4
+    assert plans[0].decode_steps >= 4
+    assert "minimum of 4 rounds" in EngineProfile.from_yaml(out).source

@@ -25,6 +25,7 @@ Real vLLM requests are sent with `ignore_eos`, so a random prompt cannot end a s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import platform
 import random
@@ -408,6 +409,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default=None,
                         help="weights dtype passed to the engine (default: the engine's default, "
                              "bfloat16; on CPUs without native bf16, float32 prefills much faster)")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="rounds over every configuration (default: 3 full, 2 quick); more "
+                             "rounds give cleaner minima on a busy machine")
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--name", default=None, help="profile name (default: output file stem)")
     parser.add_argument("--seed", type=int, default=0)
@@ -418,6 +422,12 @@ def main(argv: list[str] | None = None) -> int:
               "prepare` first)", file=sys.stderr)
         return 2
     plan = QUICK if args.quick else FULL
+    if args.repeats is not None:
+        if args.repeats < 1:
+            parser.error("--repeats must be >= 1")
+        per_round = max(1, plan.decode_steps // max(1, plan.decode_rounds))
+        plan = dataclasses.replace(plan, prefill_repeats=args.repeats, decode_rounds=args.repeats,
+                                   decode_steps=per_round * args.repeats)
     name = args.name or args.output.stem
 
     def log(msg: str) -> None:
@@ -443,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{machine_description()}, {time.strftime('%Y-%m-%d')}: vLLM {vllm_version}, model "
         f"{Path(args.model).name}, dtype {config.dtype}, enforce_eager {config.enforce_eager}.\n"
         f"Prefill: time to first token of one uncached random prompt, minimum of "
-        f"{plan.prefill_repeats} repeats, lengths {', '.join(str(n) for n, _ in m.prefill)}.\n"
+        f"{plan.prefill_repeats} rounds, lengths {', '.join(str(n) for n, _ in m.prefill)}.\n"
         f"Decode: fastest of {plan.decode_steps} steps in {plan.decode_rounds} rounds per batch size "
         f"({', '.join(map(str, plan.decode_batches))}) and context "
         f"({', '.join(map(str, plan.decode_contexts))}) pair."

@@ -3,10 +3,12 @@
     timelyllm bench --workload WID1 --policies vllm,vllm-stream,fcfs-seg,edf-seg,timelyllm \\
         [--engine sim|vllm] [--seed N] [--batch-cap N] [--sweep-batch-cap 1,2,4,8,16] \\
         [--json FILE] [--plots DIR] [--profile config/engine_profiles/X.yaml] [--model DIR] \\
-        [--duration-s S]
+        [--duration-s S] [--prompt-tokens N|none] [--baseline-prefix-cache on|off]
 
-Every policy replays the same event list with the same robot execution times. Exit status 2 for
-bad arguments (unknown policy, workload, profile), 1 if a replay fails.
+Every policy replays the same event list with the same robot execution times. Defaults are the
+paper's configuration: 2884-token prompts (simulated engine), vllm / vllm-stream without prefix
+caching, each policy's own admission. Exit status 2 for bad arguments (unknown policy, workload,
+profile), 1 if a replay fails.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from typing import Any, Sequence, TextIO
 
 import yaml
 
-from timelyllm_ros.bench.harness import (DEFAULT_GEN_TIME_S, DEFAULT_RESUME_LEAD_S,
-                                         DEFAULT_SEGMENTED_BATCH_CAP, ROBOT_MODES, BenchConfig,
-                                         RunResult, build_engine, run_policy, shorten)
+from timelyllm_ros.bench.harness import (DEFAULT_BASELINE_PREFIX_CACHE, DEFAULT_GEN_TIME_S,
+                                         DEFAULT_RESUME_LEAD_S, DEFAULT_SEGMENTED_BATCH_CAP,
+                                         PAPER_PROMPT_TOKENS, ROBOT_MODES, BenchConfig,
+                                         EnginePool, RunResult, run_policy, shorten)
 from timelyllm_ros.bench.metrics import (compute_metrics, format_ratios, format_table, json_safe,
                                          results_json)
 
@@ -97,6 +100,21 @@ def _caps(text: str) -> list[int]:
     return caps
 
 
+_UNPADDED = "none"
+
+
+def _prompt_tokens(text: str) -> int | str:
+    if text.lower() in ("none", "off"):
+        return _UNPADDED
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'none', got {text!r}")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'none', got {text!r}")
+    return value
+
+
 def _on_off(text: str) -> bool:
     if text.lower() in ("on", "true", "yes", "1"):
         return True
@@ -125,8 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seg-batch-cap", type=_optional_number(int),
                    default=DEFAULT_SEGMENTED_BATCH_CAP,
                    help="without --batch-cap: cap for segmented policies (fcfs-seg, edf-seg, "
-                        "timelyllm*); 'none' = each policy's own admission "
-                        f"(default: {DEFAULT_SEGMENTED_BATCH_CAP})")
+                        "timelyllm*); 'none' = each policy's own admission, latency-guided for "
+                        "timelyllm* (default: none)")
     p.add_argument("--sweep-batch-cap", type=_caps, default=None, metavar="1,2,4,8,16",
                    help="also run every policy at each of these batch caps (Fig. 8)")
     p.add_argument("--json", dest="json_path", default=None, metavar="FILE",
@@ -146,9 +164,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--robots", choices=ROBOT_MODES, default="queue",
                    help="queue: a busy robot queues a new task behind its current one (default); "
                         "parallel: every task gets its own robot")
-    p.add_argument("--baseline-prefix-cache", type=_on_off, default=True, metavar="on|off",
-                   help="off: vllm / vllm-stream run without automatic prefix caching, as vLLM "
-                        "V0 did by default (simulated engine only; default on)")
+    p.add_argument("--baseline-prefix-cache", type=_on_off, default=DEFAULT_BASELINE_PREFIX_CACHE,
+                   metavar="on|off",
+                   help="off (default, the paper's configuration): vllm / vllm-stream run "
+                        "without automatic prefix caching, as vLLM V0 did by default in 2024; "
+                        "on: with it. Segmented policies always keep it. Both engines.")
+    p.add_argument("--prompt-tokens", type=_prompt_tokens, default=None,
+                   metavar="N|none",
+                   help="simulated engine: pad each skill set's prompt with a fixed (shared, "
+                        "cacheable) preamble to N tokens (default: the paper's "
+                        f"{PAPER_PROMPT_TOKENS}); none = the skill sets' own prompts")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return p
 
@@ -274,8 +299,15 @@ def _main(args: argparse.Namespace) -> int:
         raise UsageError("--seg-batch-cap: must be >= 1 or none")
     if args.engine == "vllm" and not args.model:
         raise UsageError("--engine vllm needs --model DIR (a local model directory)")
-    if args.engine == "vllm" and not args.baseline_prefix_cache:
-        raise UsageError("--baseline-prefix-cache off needs --engine sim")
+    if args.prompt_tokens is None:  # default: the paper's profile on the simulated engine
+        prompt_tokens = PAPER_PROMPT_TOKENS if args.engine == "sim" else None
+    elif args.prompt_tokens == _UNPADDED:
+        prompt_tokens = None
+    elif args.engine == "vllm":
+        raise UsageError("--prompt-tokens pads prompts on the simulated engine only "
+                         "(--engine vllm uses the skill sets' prompts as they are)")
+    else:
+        prompt_tokens = args.prompt_tokens
     if args.profile is not None:
         from timelyllm_ros.core.engine.cost_model import EngineProfile, EngineProfileError
         try:
@@ -292,7 +324,8 @@ def _main(args: argparse.Namespace) -> int:
                              seed=args.seed, batch_cap=args.batch_cap,
                              segmented_batch_cap=args.seg_batch_cap,
                              baseline_prefix_cache=args.baseline_prefix_cache,
-                             resume_lead_s=args.resume_lead_s, gen_time_s=args.gen_time_s,
+                             prompt_tokens=prompt_tokens, resume_lead_s=args.resume_lead_s,
+                             gen_time_s=args.gen_time_s,
                              robots=args.robots)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -300,14 +333,17 @@ def _main(args: argparse.Namespace) -> int:
     progress = not args.no_progress
     n_tasks = sum(len(e.tasks) for e in events)
     print(f"workload {workload.name}: {len(events)} events, {n_tasks} tasks over "
-          f"{workload.duration_s:g} s (seed {seed}); engine {args.engine}", file=sys.stderr)
+          f"{workload.duration_s:g} s (seed {seed}); engine {args.engine}; prompts "
+          f"{prompt_tokens or 'unpadded'} tokens; baseline prefix cache "
+          f"{'on' if args.baseline_prefix_cache else 'off'}", file=sys.stderr)
 
     engine = None
     if args.engine == "vllm":
         try:
-            engine = build_engine(config)
+            import vllm  # noqa: F401 - fail early with a usage error, not mid-run
         except ImportError as exc:
             raise UsageError(f"--engine vllm: vLLM is not importable here ({exc})") from None
+        engine = EnginePool(config)
     try:
         runs = _run_all(events, policies, workload, config, engine, progress)
         doc = results_json(runs, _workload_block(workload, events, config, runs, seed))

@@ -28,6 +28,12 @@ subtracted from the reported waiting time; response time and utility (the LLM's 
 are unaffected by it. `robots="parallel"` gives every task its own executor instead (no blocking).
 The scheduler is not told about such blocking, so the bench raises the scheduler's report
 timeout (`report_timeout_min_s`) so that a segment queued behind another task is not declared lost.
+
+The paper's configuration (defaults, see docs/bench.md): prompts of 2884 tokens (the paper's
+latency profile; each skill set's prompt is padded with a fixed preamble, shared by all its tasks
+and so cacheable like TypeFly's fixed prompt), the `vllm` / `vllm-stream` baselines without
+automatic prefix caching (vLLM V0's default in 2024), TimelyLLM's segmented policies with it (their
+resumption design), and every policy's own admission (latency-guided for `timelyllm*`).
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from timelyllm_ros.core.engine.cost_model import EngineProfile
-from timelyllm_ros.core.engine.sim_engine import SimulatedEngine
+from timelyllm_ros.core.engine.sim_engine import PieceTokenizer, SimulatedEngine
 from timelyllm_ros.core.exec_model import ExecutionTimeModel
 from timelyllm_ros.core.policies.registry import get_policy
 from timelyllm_ros.core.scheduler import SchedulerConfig, SegmentScheduler, TaskRejected
@@ -58,18 +64,21 @@ NAN = float("nan")
 ENGINES = ("sim", "vllm")
 ROBOT_MODES = ("queue", "parallel")
 
-# Tuned defaults (see docs/bench.md, "Tuning"):
-# - suspended generations are resumed as soon as admission allows (a resume lead only delays them:
-#   waiting time grew by up to 14% in WID1-3 with leads of 0.2-0.5 s, see docs/bench.md);
+# Defaults (see docs/bench.md, "Tuning" and "The paper's configuration"):
+# - suspended generations are resumed as soon as admission allows (a resume lead only delays them,
+#   see docs/bench.md);
 # - TimelyLLM's g is the paper's profiled 90 ms (the policy's default);
-# - segmented policies (fcfs-seg, edf-seg, timelyllm*) run with a fixed cap of 16 running
-#   generations instead of their own admission: TimelyLLM's latency-guided admission (§4.4) as
-#   implemented in core/admission.py starves the queue under WID2 (mean utility -4.1, see
-#   docs/bench.md), and 16 is where the cap sweep saturates on the simulated RTX 4090.
-#   `segmented_batch_cap=None` gives each policy its own admission back.
+# - every policy runs with its own admission: latency-guided (§4.4) for timelyllm*, KV blocks only
+#   for the others; `segmented_batch_cap=N` caps the segmented policies instead;
+# - prompts are padded to the paper's 2884 tokens (simulated engine) and the vllm / vllm-stream
+#   baselines run without automatic prefix caching, as vLLM did by default in 2024.
 DEFAULT_RESUME_LEAD_S: float | None = None
 DEFAULT_GEN_TIME_S: float | None = None  # None = the policy's own default (0.09 s)
-DEFAULT_SEGMENTED_BATCH_CAP: int | None = 16
+DEFAULT_SEGMENTED_BATCH_CAP: int | None = None
+# Prompt length of the paper's latency profile (Table 1: first token 328 ms for 2884 tokens).
+PAPER_PROMPT_TOKENS = 2884
+DEFAULT_PROMPT_TOKENS: int | None = PAPER_PROMPT_TOKENS
+DEFAULT_BASELINE_PREFIX_CACHE = False
 
 
 def default_profile_path() -> Path:
@@ -105,11 +114,17 @@ class BenchConfig:
     # None = the policy's own admission. Whole / stream policies (vllm, vllm-stream) are never
     # capped unless batch_cap is set: plain vLLM admits whatever fits in the KV cache.
     segmented_batch_cap: int | None = DEFAULT_SEGMENTED_BATCH_CAP
-    # False: the whole / stream baselines run on a simulated engine without automatic prefix
-    # caching, as vLLM V0 ran by default (enable_prefix_caching=False) when the paper was
-    # written; every prompt is then prefilled in full. Segmented policies always keep the cache
-    # (resuming a generation depends on it). Simulated engine only.
-    baseline_prefix_cache: bool = True
+    # False (default, the paper's configuration): the whole / stream baselines run without
+    # automatic prefix caching, as vLLM V0 ran by default (enable_prefix_caching=False) when the
+    # paper was written; every prompt is then prefilled in full. Segmented policies always keep
+    # the cache (resuming a generation depends on it). Simulated engine: `NoPrefixCacheEngine`;
+    # real engine: `VllmEngineConfig.enable_prefix_caching=False`.
+    baseline_prefix_cache: bool = DEFAULT_BASELINE_PREFIX_CACHE
+    # Simulated engine: pad every skill set's prompt with a fixed preamble so that the shortest
+    # prompt of the workload has this many tokens (default: the paper's 2884); None = the skill
+    # sets' own prompts (~420 tokens for drones). Ignored by the real engine (its model and
+    # context are whatever --model is); see `effective_prompt_tokens`.
+    prompt_tokens: int | None = DEFAULT_PROMPT_TOKENS
     resume_lead_s: float | None = DEFAULT_RESUME_LEAD_S
     # Override of TimelyLLM's g (applied to every policy that has a gen_time_s parameter).
     gen_time_s: float | None = DEFAULT_GEN_TIME_S
@@ -131,16 +146,18 @@ class BenchConfig:
             raise ValueError(f"engine: must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if self.robots not in ROBOT_MODES:
             raise ValueError(f"robots: must be one of {', '.join(ROBOT_MODES)}, got {self.robots!r}")
-        for key in ("batch_cap", "segmented_batch_cap"):
+        for key in ("batch_cap", "segmented_batch_cap", "prompt_tokens"):
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
                 raise ValueError(f"{key}: must be an integer >= 1 or None, got {value!r}")
-        if not self.baseline_prefix_cache and self.engine != "sim":
-            raise ValueError("baseline_prefix_cache=False needs the simulated engine (the vLLM "
-                             "adapter always enables prefix caching)")
         if self.resume_lead_s is not None and not self.resume_lead_s >= 0:
             raise ValueError(f"resume_lead_s: must be >= 0, got {self.resume_lead_s}")
+
+    @property
+    def effective_prompt_tokens(self) -> int | None:
+        """The prompt length the replay pads to (None: unpadded; always None on the real engine)."""
+        return self.prompt_tokens if self.engine == "sim" else None
 
     def load_profile(self) -> EngineProfile:
         if isinstance(self.profile, EngineProfile):
@@ -159,6 +176,7 @@ class BenchConfig:
             "engine": self.engine, "batch_cap": self.batch_cap,
             "segmented_batch_cap": self.segmented_batch_cap,
             "baseline_prefix_cache": self.baseline_prefix_cache,
+            "prompt_tokens": self.effective_prompt_tokens,
             "resume_lead_s": self.resume_lead_s, "gen_time_s": self.gen_time_s,
             "robots": self.robots, "report_timeout_min_s": self.report_timeout_min_s,
         }
@@ -372,6 +390,7 @@ def make_policy(name: str, config: BenchConfig):
 
 
 def build_engine(config: BenchConfig, prefix_cache: bool = True):
+    """A fresh engine; `prefix_cache=False` turns automatic prefix caching off."""
     if config.engine == "sim":
         if not prefix_cache:
             return NoPrefixCacheEngine(config.load_profile())
@@ -379,8 +398,80 @@ def build_engine(config: BenchConfig, prefix_cache: bool = True):
     if not config.model:
         raise ValueError("engine vllm: --model DIR (a local model directory) is required")
     from timelyllm_ros.core.engine.vllm_engine import VllmEngine, VllmEngineConfig
-    return VllmEngine(VllmEngineConfig.from_mapping({"model": str(config.model),
-                                                     **dict(config.vllm_config)}))
+    values = {"model": str(config.model), **dict(config.vllm_config)}
+    if not prefix_cache:
+        values["enable_prefix_caching"] = False
+    return VllmEngine(VllmEngineConfig.from_mapping(values))
+
+
+class EnginePool:
+    """Real engines for a run of several policies: one engine at a time, kept while consecutive
+    policies need the same prefix-caching setting and rebuilt when they do not (a vLLM engine
+    holds most of the machine's memory, so two are never alive together)."""
+
+    def __init__(self, config: BenchConfig, build: Callable[..., Any] | None = None):
+        self.config = config
+        self._build = build or build_engine
+        self._engine = None
+        self._prefix_cache: bool | None = None
+
+    def get(self, prefix_cache: bool = True):
+        if self._engine is None or self._prefix_cache != prefix_cache:
+            self.shutdown()
+            self._engine = self._build(self.config, prefix_cache=prefix_cache)
+            self._prefix_cache = prefix_cache
+        return self._engine
+
+    def shutdown(self) -> None:
+        engine, self._engine = self._engine, None
+        self._prefix_cache = None
+        if engine is not None:
+            engine.shutdown()
+
+
+def _prompt_length(tokenizer: PieceTokenizer, skill_set: SkillSet, instruction: str) -> int:
+    # As SegmentScheduler._prompt_ids builds a prompt for an engine without a chat template.
+    messages = skill_set.render_messages(instruction)
+    return len(tokenizer.tokenize("\n".join(m["content"] for m in messages) + "\n"))
+
+
+_PREAMBLE_HEAD = ("Context shared by every task of this robot kind (fixed preamble: scene, skill "
+                  "documentation and worked examples, here as filler words so that the prompt "
+                  "has the length of the paper's latency profile):")
+_PREAMBLE_WORDS = ("scene", "object", "table", "bottle", "person", "window", "door", "chair",
+                   "example", "plan", "skill", "move", "turn", "check", "visible", "report")
+
+
+def pad_skill_sets(skill_sets: Mapping[str, SkillSet], prompt_tokens: int | None,
+                   instructions: Mapping[str, Iterable[str]]) -> dict[str, SkillSet]:
+    """Skill sets whose system prompts start with a fixed preamble, sized so that the shortest
+    prompt of each set (over `instructions[name]`) has `prompt_tokens` tokens on the simulated
+    engine's tokenizer. The preamble is the same for every task of a set, so prefix caching can
+    share it as it shares the real fixed prompt. Sets already that long, sets without
+    instructions and `prompt_tokens=None` are returned unchanged."""
+    out = dict(skill_sets)
+    if prompt_tokens is None:
+        return out
+    tokenizer = PieceTokenizer()
+    for name, skill_set in skill_sets.items():
+        texts = list(instructions.get(name, ()))
+        if not texts:
+            continue
+        shortest = min(texts, key=lambda t: _prompt_length(tokenizer, skill_set, t))
+        missing = prompt_tokens - _prompt_length(tokenizer, skill_set, shortest)
+        if missing <= 0:
+            continue
+        words = max(0, missing - len(tokenizer.tokenize(_PREAMBLE_HEAD + "\n\n")))
+        for _ in range(8):  # each " word" is one token: converges in a step or two
+            preamble = _PREAMBLE_HEAD + "".join(
+                " " + _PREAMBLE_WORDS[i % len(_PREAMBLE_WORDS)] for i in range(words))
+            padded = replace(skill_set, system_prompt=preamble + "\n\n" + skill_set.system_prompt)
+            diff = prompt_tokens - _prompt_length(tokenizer, padded, shortest)
+            if diff == 0 or words + diff < 0:
+                break
+            words += diff
+        out[name] = padded
+    return out
 
 
 class NoPrefixCacheEngine(SimulatedEngine):
@@ -404,9 +495,13 @@ def run_policy(events: Sequence[Event], policy_name: str, workload: Workload,
                engine=None, progress: ProgressFn | None = None) -> RunResult:
     """Replay `events` under `policy_name` and return every task's outcome.
 
-    `engine`: an engine to reuse (the real vLLM engine is expensive to build); by default a fresh
-    one is built from `config` (always pass none for the simulated engine, whose clock and cache
-    must start fresh for every policy).
+    `engine`: an engine to reuse, or an `EnginePool` (the real vLLM engine is expensive to
+    build); by default a fresh one is built from `config` (always pass none for the simulated
+    engine, whose clock and cache must start fresh for every policy).
+
+    `skill_sets`: default = those of config/skillsets that the workload's traces use (a planner
+    serving only drones has only the drone set; the scheduler sizes its admission check by the
+    largest max_segment_tokens of its sets), padded to `config.effective_prompt_tokens`.
     """
     config = config or BenchConfig()
     wall_start = time.perf_counter()
@@ -414,6 +509,14 @@ def run_policy(events: Sequence[Event], policy_name: str, workload: Workload,
     tuf_levels = tuf_levels if tuf_levels is not None else load_tuf_levels(config.tuf_levels_path)
     if skill_sets is None:
         skill_sets = load_skillsets(config.skillsets_dir or default_config_dir() / "skillsets")
+        used = {traces[t.trace_id].skill_set for e in events for t in e.tasks}
+        skill_sets = {n: s for n, s in skill_sets.items() if n in used} or skill_sets
+    instructions: dict[str, set[str]] = {}
+    for event in events:
+        for t in event.tasks:
+            trace = traces[t.trace_id]
+            instructions.setdefault(trace.skill_set, set()).add(trace.instruction)
+    skill_sets = pad_skill_sets(skill_sets, config.effective_prompt_tokens, instructions)
     exec_model = ExecutionTimeModel.from_yaml(config.exec_model_path)  # fresh: it learns online
     policy = make_policy(policy_name, config)
     latency = workload.network_latency_s if config.network_latency_s is None \
@@ -421,7 +524,9 @@ def run_policy(events: Sequence[Event], policy_name: str, workload: Workload,
     seed = workload.seed if config.seed is None else config.seed
     own_engine = engine is None
     prefix_cache = config.baseline_prefix_cache or policy.dispatch == "segment"
-    if engine is None:
+    if isinstance(engine, EnginePool):
+        engine = engine.get(prefix_cache)
+    elif engine is None:
         engine = build_engine(config, prefix_cache=prefix_cache)
     simulated = config.engine == "sim"
 
@@ -505,7 +610,10 @@ def run_policy(events: Sequence[Event], policy_name: str, workload: Workload,
                      clock_s=clock_s, wall_s=time.perf_counter() - wall_start,
                      config={**config.describe(), "seed": seed, "network_latency_s": latency,
                              "policy_batch_cap": config.cap_for(policy),
-                             "engine_prefix_cache": prefix_cache})
+                             "engine_prefix_cache": prefix_cache,
+                             "prompt_tokens_min": min(
+                                 (len(t.prompt_ids) for t in scheduler.tasks.values()
+                                  if t.prompt_ids), default=0)})
 
 
 def _submit_event(scheduler: SegmentScheduler, robots: SimulatedRobots, event: Event, at: float,

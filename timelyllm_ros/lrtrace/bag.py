@@ -25,7 +25,7 @@ import threading
 import time
 from dataclasses import dataclass, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -468,7 +468,8 @@ def read_messages(path: str | os.PathLike, topics: Iterable[str] | None = None, 
     except (AnyReaderError, ReaderError, SerdeError, struct.error, KeyError, ValueError, EOFError,
             OSError, UnicodeDecodeError, AssertionError) as err:
         where, detail = _locate_damage(storage, err)
-        raise BagError(storage, where, f"{detail}; {hint}") from None
+        raise BagError(resolved if where == "metadata.yaml" else storage, where,
+                       f"{detail}; {hint}") from None
     return BagContents(resolved, messages, topic_info)
 
 

@@ -40,6 +40,11 @@ class VllmEngineConfig:
     temperature: float = 0.0
     # Small models fall into loops of one statement; a mild penalty keeps plans moving.
     repetition_penalty: float = 1.0
+    # Automatic prefix caching. Segmented generation needs it (a resumed generation's prompt is
+    # served from the cache instead of being prefilled again); False gives the paper's vLLM
+    # baseline (vLLM V0, 2024, had it off by default), e.g. `timelyllm bench
+    # --baseline-prefix-cache off --engine vllm`.
+    enable_prefix_caching: bool = True
     extra_engine_args: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -70,7 +75,8 @@ class VllmEngine:
             model=config.model, dtype=config.dtype, max_model_len=config.max_model_len,
             gpu_memory_utilization=config.gpu_memory_utilization, enforce_eager=config.enforce_eager,
             tensor_parallel_size=config.tensor_parallel_size, max_num_seqs=config.max_num_seqs,
-            enable_prefix_caching=True, seed=config.seed, **config.extra_engine_args,
+            enable_prefix_caching=config.enable_prefix_caching, seed=config.seed,
+            **config.extra_engine_args,
         )
         if config.block_size is not None:
             engine_kwargs["block_size"] = config.block_size
