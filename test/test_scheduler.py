@@ -562,3 +562,20 @@ def test_next_timer_is_the_first_pending_report_deadline():
           until=lambda s: s.tasks["t"].state == "awaiting_robot")
     segs = sch.tasks["t"].segments
     assert sch.next_timer_s() == pytest.approx(segs[0].report_deadline_s)
+
+
+def test_robot_serving_two_tasks_is_not_declared_dead_for_the_second():
+    # One robot, two long tasks at once: the second task's segments queue behind the first's on
+    # the robot. Its report deadlines must include that queue, or the tight timeout below would
+    # fail it although the robot is alive and busy.
+    sch, eng, lis = make("timelyllm", report_timeout_factor=1.0, report_timeout_min_s=0.5)
+    sch.submit(spec("first", 9, eng, robot="arm_1"))
+    sch.submit(spec("second", 10, eng, robot="arm_1"))
+    drive(sch, eng, lis)
+    for task_id in ("first", "second"):
+        assert sch.tasks[task_id].state == "done", sch.tasks[task_id].lifecycle.reason
+    # The fake robot runs exactly the estimates, so the planner's robot-wide timeline must
+    # predict every finish, including segments that waited behind the other task's.
+    segments = sch.tasks["first"].segments + sch.tasks["second"].segments
+    assert all(abs(s.estimated_done_s - s.finished_s) < 1e-6 for s in segments)
+    assert_no_leaks(sch, eng)

@@ -1,7 +1,7 @@
 """`timelyllm profile`: measure the real engine's step latency and fit the simulated engine's model.
 
     timelyllm profile [--model DIR] [--output config/engine_profiles/vllm-cpu-smollm2-135m.yaml]
-                      [--quick] [--dtype bfloat16|float32] [--name NAME]
+                      [--quick] [--repeats N] [--dtype bfloat16|float32] [--name NAME]
 
 What is measured (see timelyllm_ros/core/engine/cost_model.py for the model that is fitted):
 
@@ -16,8 +16,13 @@ What is measured (see timelyllm_ros/core/engine/cost_model.py for the model that
 
 Timing comes from the engine's `last_step_timing()` (wall time of `step()` for vLLM, modelled
 time for the simulated engine), so any EngineAdapter can be profiled; the tests profile a
-simulated engine whose coefficients are known. Shared machines add delays, never remove them, so
-every (configuration) keeps the *minimum* over its repeats or steps.
+simulated engine whose coefficients are known.
+
+Other processes on a shared machine add delays, never remove them. So each configuration keeps
+the *minimum* of its samples, the samples of one configuration are spread over rounds (each
+round visits every configuration once, so a burst of load spoils one sample of many
+configurations instead of all samples of one), and the fit drops, one by one, samples still far
+slower than the fit of the rest (`fit_measurements`, listed in the profile's source).
 
 Real vLLM requests are sent with `ignore_eos`, so a random prompt cannot end a sample early.
 """

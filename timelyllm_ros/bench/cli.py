@@ -381,8 +381,9 @@ def _main(args: argparse.Namespace) -> int:
         print(f"wrote {args.json_path}", file=sys.stderr)
     if args.plots:
         from timelyllm_ros.bench.plots import write_all
-        title = f"{workload.name} ({args.engine}" + (
-            f", batch cap {args.batch_cap})" if args.batch_cap else ")")
+        title = (f"{workload.name} ({args.engine}, prompts {prompt_tokens or 'unpadded'} tokens, "
+                 f"baseline prefix cache {'on' if args.baseline_prefix_cache else 'off'}"
+                 + (f", batch cap {args.batch_cap})" if args.batch_cap else ")"))
         for path in write_all(runs, doc, args.plots, sweep=sweep, title=title):
             print(f"wrote {path}", file=sys.stderr)
     return 0

@@ -44,6 +44,24 @@ def _grouped_bars(ax, groups: Sequence[str], series: Mapping[str, Sequence[float
     ax.grid(axis="y", alpha=0.3)
 
 
+def _auto_scale(ax, values: Sequence[Any], kind: str, scale: float = 1.0) -> None:
+    """Keep bars of very different size readable: symlog for a utility far below zero (the TUF is
+    not clipped: an overloaded baseline reaches -40 next to TimelyLLM's 1.4), log for times that
+    span more than a factor of 20."""
+    vals = [_nan_to_zero(v) * scale for v in values]
+    if not vals:
+        return
+    if kind == "utility" and min(vals) < -3:
+        ax.set_yscale("symlog", linthresh=1.0)
+        ax.set_ylabel(ax.get_ylabel() + " (symlog)")
+    elif kind == "time":
+        positive = [v for v in vals if v > 0]
+        if positive and max(positive) / min(positive) > 20:
+            ax.set_yscale("log")
+            ax.set_ylim(bottom=min(positive) / 2)
+            ax.set_ylabel(ax.get_ylabel() + " (log)")
+
+
 def plot_by_type(doc: Mapping[str, Any], path: str | Path, title: str = "") -> Path:
     """Fig. 5: utility / response time / waiting time per task type (and overall) per policy."""
     policies = doc["policies"]
@@ -58,10 +76,15 @@ def plot_by_type(doc: Mapping[str, Any], path: str | Path, title: str = "") -> P
     _grouped_bars(axes[0], groups, series("utility_mean"), "mean time utility")
     _grouped_bars(axes[1], groups, series("response_time_mean_s"), "mean response time (ms)", 1e3)
     _grouped_bars(axes[2], groups, series("waiting_time_mean_s"), "mean waiting time (ms)", 1e3)
+    for ax, key, kind in ((axes[0], "utility_mean", "utility"),
+                          (axes[1], "response_time_mean_s", "time"),
+                          (axes[2], "waiting_time_mean_s", "time")):
+        _auto_scale(ax, [v for vs in series(key).values() for v in vs], kind,
+                    1e3 if kind == "time" else 1.0)
     axes[0].set_title("(a) time utility")
     axes[1].set_title("(b) response time")
     axes[2].set_title("(c) waiting time")
-    axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=8, loc="best")
     if title:
         fig.suptitle(title)
     fig.tight_layout()
@@ -191,6 +214,9 @@ def plot_algorithms(doc: Mapping[str, Any], path: str | Path, title: str = "") -
     axes[1].bar(xs, [_nan_to_zero(policies[n]["overall"]["waiting_time_mean_s"]) * 1e3
                      for n in names], color="tab:purple")
     axes[1].set_ylabel("overall mean waiting time (ms)")
+    _auto_scale(axes[0], [policies[n]["overall"]["utility_mean"] for n in names], "utility")
+    _auto_scale(axes[1], [policies[n]["overall"]["waiting_time_mean_s"] for n in names], "time",
+                1e3)
     for ax in axes[:2]:
         ax.set_xticks(list(xs))
         ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
@@ -199,6 +225,8 @@ def plot_algorithms(doc: Mapping[str, Any], path: str | Path, title: str = "") -
     _grouped_bars(axes[2], names, {t: [policies[n]["by_type"].get(t, {}).get("utility_mean")
                                        for n in names] for t in types}, "mean time utility")
     axes[2].set_xticklabels(names, rotation=30, ha="right", fontsize=8)
+    _auto_scale(axes[2], [policies[n]["by_type"].get(t, {}).get("utility_mean")
+                          for n in names for t in types], "utility")
     axes[2].legend(fontsize=8)
     axes[2].set_title("utility per task type")
     if title:

@@ -32,11 +32,13 @@ import numpy as np
 from timelyllm_ros.core.admission import (BlocksOnlyAdmission, FixedBatchCap, LatencyGuidedAdmission,
                                           TokenRateMeter)
 from timelyllm_ros.core.engine.base import EngineAdapter, EngineOutput, EngineRequest
+from timelyllm_ros.core.errors import FieldError
 from timelyllm_ros.core.exec_model import ExecutionTimeModel
 from timelyllm_ros.core.generation import resume_regex
 from timelyllm_ros.core.lifecycle import TaskLifecycle
 from timelyllm_ros.core.policies.base import Policy
 from timelyllm_ros.core.policies.queue_view import QueueArrays, initial_row, suspended_row
+from timelyllm_ros.core.robot_timeline import RobotTimelines
 from timelyllm_ros.core.skills.base import SkillCall, SkillSyntaxError
 from timelyllm_ros.core.skills.skillset import SkillSet
 from timelyllm_ros.core.task import SegmentRecord, TaskRecord, TaskSnapshot, TaskSpec
@@ -50,13 +52,8 @@ class SchedulerListener(Protocol):
     def on_status(self, snapshot: TaskSnapshot) -> None: ...
 
 
-class TaskRejected(ValueError):
+class TaskRejected(FieldError):
     """A goal the scheduler cannot serve; `field` names the offending goal field."""
-
-    def __init__(self, field: str, reason: str):
-        super().__init__(f"{field}: {reason}")
-        self.field = field
-        self.reason = reason
 
 
 @dataclass
@@ -64,8 +61,11 @@ class SchedulerConfig:
     # One-way robot<->planner latency added to dispatch times (the paper measured 8 ms on a LAN).
     network_latency_s: float = 0.0
     # A robot that has not reported a segment by
-    #   estimated completion + max(report_timeout_factor * estimated execution, report_timeout_min_s)
+    #   estimated completion + network latency
+    #     + max(report_timeout_factor * estimated execution, report_timeout_min_s)
     # is declared dead for that task: the task fails and its engine request and queue entry go.
+    # Robots execute in order, so only a task's earliest unreported segment is checked; the
+    # estimates (and deadlines) of later ones move when earlier ones are reported.
     report_timeout_factor: float = 3.0
     report_timeout_min_s: float = 5.0
     # Fixed cap on running generations (batch-cap sweep); None = the policy's own admission.
@@ -94,6 +94,7 @@ class SegmentScheduler:
         self.tasks: dict[str, TaskRecord] = {}
         # Non-terminal tasks, in submission order (every tick looks at them, never at old ones).
         self._active: dict[str, TaskRecord] = {}
+        self._robots = RobotTimelines()
         self._finished_order: deque[str] = deque()
         self._submissions = itertools.count()
         self._queue = QueueArrays()
@@ -177,6 +178,7 @@ class SegmentScheduler:
             return
         started_s, finished_s = float(started_s), float(finished_s)
         segment.started_s, segment.finished_s, segment.success = started_s, finished_s, success
+        self._robots.settled(task.spec.robot_id, [segment])
         if success and segment.calls:
             self.exec_model.observe_segment(segment.calls, finished_s - started_s)
         now = self.engine.now()
@@ -184,7 +186,8 @@ class SegmentScheduler:
             self._finish(task, "fail", f"robot {task.spec.robot_id} reported failure of segment "
                                        f"{sequence}: {message or 'no message'}", now)
             return
-        self._reestimate_after(task, sequence)
+        # Everything still queued on this robot (any task) now starts from the reported finish.
+        self._robots.reschedule(task.spec.robot_id, finished_s, self.config.network_latency_s)
         if task.queue_slot is not None and task.queue_slot in self._queue:
             # The reported finish replaces the estimate as the suspended generation's reference.
             self._queue.update(task.queue_slot, reference_s=task.robot_free_at(now))
@@ -415,7 +418,8 @@ class SegmentScheduler:
                   now: float) -> None:
         estimate = self.exec_model.estimate_segment_min(calls) if calls else 0.0
         arrive = now + self.config.network_latency_s
-        start = max(arrive, task.robot_free_at(arrive))
+        start = max(arrive, task.robot_free_at(arrive),
+                    self._robots.free_at(task.spec.robot_id, arrive))
         done = start + estimate
         segment = SegmentRecord(
             sequence=len(task.segments), text=text, calls=calls, is_last=is_last,
@@ -423,6 +427,7 @@ class SegmentScheduler:
             report_deadline_s=done + self.config.network_latency_s + max(
                 self.config.report_timeout_factor * estimate, self.config.report_timeout_min_s))
         task.segments.append(segment)
+        self._robots.dispatched(task.spec.robot_id, segment)
         if segment.sequence == 0:
             task.response_time_s = arrive - task.spec.arrival_s
             task.utility = float(task.spec.tuf.utility(task.response_time_s))
@@ -459,19 +464,6 @@ class SegmentScheduler:
         self._emit(task)
 
     # ------------------------------------------------------------------ completion
-    def _reestimate_after(self, task: TaskRecord, sequence: int) -> None:
-        # Later segments queue behind this one on the robot: shift their estimates.
-        free_at = task.segments[sequence].finished_s
-        for segment in task.segments[sequence + 1:]:
-            if segment.reported:
-                free_at = segment.finished_s
-                continue
-            start = max(segment.dispatched_s + self.config.network_latency_s, free_at)
-            shift = start + segment.estimated_execution_s - segment.estimated_done_s
-            segment.estimated_done_s += shift
-            segment.report_deadline_s += shift
-            free_at = segment.estimated_done_s
-
     def _maybe_complete(self, task: TaskRecord, now: float) -> None:
         if task.state != "awaiting_robot" or not all(s.reported for s in task.segments):
             return
@@ -484,7 +476,7 @@ class SegmentScheduler:
     def _expire_reports(self, now: float) -> None:
         # A robot executes its segments in order: only the first unreported one can be overdue.
         # (A later segment's deadline assumes the earlier ones finished as estimated; it is
-        # re-estimated when they are reported, see _reestimate_after.)
+        # re-estimated when they are reported, see RobotTimelines.reschedule.)
         for task in list(self._active.values()):
             s = _first_unreported(task)
             if s is not None and s.report_deadline_s < now:
@@ -500,6 +492,7 @@ class SegmentScheduler:
             self._queue.remove(task.queue_slot)
             task.queue_slot = None
         task.lifecycle.trigger(trigger, now, reason)
+        self._robots.settled(task.spec.robot_id, task.segments)
         self._forget_old(task)
         self._emit(task)
 

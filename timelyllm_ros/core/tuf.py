@@ -17,6 +17,8 @@ from typing import Any, Iterator, Mapping
 import numpy as np
 import yaml
 
+from timelyllm_ros.core.errors import FieldError
+
 # Plausibility bounds. They catch unit mistakes (milliseconds passed as seconds, a slope of
 # 1/ms), not policy: no robot task in this project waits an hour for its first action, and a
 # utility or slope this large would swamp every other task in a PUD comparison.
@@ -36,13 +38,12 @@ def default_config_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "config"
 
 
-class TufError(ValueError):
+class TufError(FieldError):
     """A TUF parameter that cannot be right; `field` names the offending parameter."""
 
-    def __init__(self, field: str, reason: str):
-        super().__init__(f"invalid TUF {field}: {reason}")
-        self.field = field
-        self.reason = reason
+    @staticmethod
+    def describe(field: str, reason: str) -> str:
+        return f"invalid TUF {field}: {reason}"
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from timelyllm_ros.core.errors import FieldError
 from timelyllm_ros.core.task import TaskSpec
 from timelyllm_ros.core.tuf import TUF, TufError, TufLevels
 
@@ -20,11 +21,8 @@ _TASK_ID = re.compile(r"^[A-Za-z0-9_.:\-]{1,128}$")
 MAX_STAMP_SKEW_S = 300.0
 
 
-class GoalError(ValueError):
-    def __init__(self, field: str, reason: str):
-        super().__init__(f"{field}: {reason}")
-        self.field = field
-        self.reason = reason
+class GoalError(FieldError):
+    """A task goal field that is missing, malformed or absurd."""
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ over its UDP SDK) plug in through the same `SkillBackend` interface.
 
 Parameter `backend` picks one (timelyllm_ros/robots, make_backend): `sim` (default), `tello`
 (with `tello_host`, `tello_port`, `tello_state_port`, `tello_local_port`; defaults are a real
-Tello's 192.168.10.1, 8889, 8890 and any free local port) or `arm-sim`. A backend object passed
+Tello's 192.168.10.1, 8889, 8890 and any free local port), `arm-sim` or `replay` (with
+`replay_table`, a timing table CSV whose recorded durations it replays). A backend object passed
 to the constructor takes precedence.
 
 Ordering: segments of a task are executed strictly by sequence number. One arriving early (while
@@ -93,6 +94,9 @@ class ExecutorNode(Node):
             params = {"model": model, "time_scale": time_scale, "seed": seed, "stop": self._stop}
             if self.backend_kind == "tello":
                 params.update(tello)
+            elif self.backend_kind == "replay":  # robots/replay.py: recorded durations
+                params.update(replay_table=str(self.declare_parameter("replay_table", "").value),
+                              robot_id=self.robot_id)
             backend = make_backend(self.backend_kind, **params)
         else:
             self.backend_kind = type(backend).__name__

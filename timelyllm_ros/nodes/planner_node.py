@@ -42,7 +42,7 @@ from timelyllm_ros.nodes.conversions import (ClockBridge, goal_fields, s_to_time
 
 ENGINE_PARAMS = {
     # ROS parameter -> (VllmEngineConfig field, default)
-    "engine.dtype": ("dtype", "bfloat16"),
+    "engine.dtype": ("dtype", "float32"),
     "engine.max_model_len": ("max_model_len", 2048),
     "engine.memory_fraction": ("gpu_memory_utilization", 0.3),
     "engine.enforce_eager": ("enforce_eager", True),
@@ -80,7 +80,10 @@ class PlannerNode(Node):
         self._scheduler_config = SchedulerConfig(
             network_latency_s=p["network_latency_s"],
             report_timeout_factor=p["report_timeout_factor"],
-            report_timeout_min_s=p["report_timeout_min_s"])
+            report_timeout_min_s=p["report_timeout_min_s"],
+            # A planner runs for days: keep recent finished tasks (for duplicate-id checks and
+            # status queries), not all of them.
+            max_finished_tasks=10_000)
         self._engine_kind = p["engine.kind"]
         self._scripted_plans: dict[str, str] = {}
         if self._engine_kind == "sim":

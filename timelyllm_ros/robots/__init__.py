@@ -5,6 +5,8 @@
               try it without a drone against tools/tello_emulator.py
     arm-sim   ArmBackend(SimulatedArmDriver): the arm skill set with modelled timings
               (robots/arm.py); bind a real arm with ArmBackend(YourArmDriver())
+    replay    ReplayBackend: replays the exact durations of a recorded timing table
+              (robots/replay.py; `timelyllm lrtrace replay --durations-from`)
 
 Every backend has `execute(calls) -> (success, message)` (the executor's SkillBackend) and
 never raises from it.
@@ -16,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-BACKEND_KINDS = ("sim", "tello", "arm-sim")
+BACKEND_KINDS = ("sim", "tello", "arm-sim", "replay")
 
 # Parameters every kind accepts (the executor node passes them whatever the kind); those a
 # kind has no use for are ignored: a Tello runs in real time, so time_scale and seed do not
@@ -43,13 +45,15 @@ def make_backend(kind: str, **params: Any):
     tello: host, port, state_port, local_port, and any other TelloBackend keyword
         (timeout_factor, timeout_margin_s, retries, keepalive_s, speed_cm_s, detector, ...).
     arm-sim: jitter, strict, unreachable, fail_on_check.
+    replay: replay_table (a timing table CSV, required), robot_id (prefer that robot's rows);
+        time_scale and seed apply (seed: the fallback draws from the model).
     """
     kind = str(kind).strip().lower()
     stop = params.get("stop") or threading.Event()
     time_scale = float(params.get("time_scale", 1.0))
     seed = params.get("seed", 0)
     extra = {k: v for k, v in params.items() if k not in _COMMON}
-    if kind in ("sim", "arm-sim") and not time_scale > 0:
+    if kind in ("sim", "arm-sim", "replay") and not time_scale > 0:
         raise ValueError(f"time_scale: must be > 0, got {time_scale}")
     if kind == "sim":
         if extra:
@@ -76,4 +80,16 @@ def make_backend(kind: str, **params: Any):
         except TypeError as err:
             raise ValueError(f"backend 'arm-sim': {err}") from None
         return ArmBackend(driver, fail_on_check=fail_on_check, stop=stop)
+    if kind == "replay":
+        from timelyllm_ros.robots.replay import ReplayBackend
+
+        table = extra.pop("replay_table", None)
+        robot_id = str(extra.pop("robot_id", "") or "")
+        if extra:
+            raise ValueError(f"{sorted(extra)[0]}: not a parameter of backend 'replay'")
+        if not table:
+            raise ValueError("replay_table: required for backend 'replay' (a timing table CSV, "
+                             "see `timelyllm lrtrace table`)")
+        return ReplayBackend(table, _model(params), time_scale=time_scale, seed=int(seed or 0),
+                             stop=stop, robot_id=robot_id)
     raise ValueError(f"backend: unknown kind {kind!r} (known: {', '.join(BACKEND_KINDS)})")

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
@@ -1060,7 +1060,7 @@ class _HybridSim:
                     break
                 self.now = pending[0].arrival
                 continue
-            if self.now > 4 * end_s:
+            if self.now > end_s + max(3 * end_s, 600.0):  # safety net; RT drains long before
                 break
             if self.sched is None:
                 batch, swap = self._plan_fcfs(live), 0
