@@ -110,7 +110,7 @@ def test_reject_by_measured_batch_speed():
     running = [(5, 0.15), (0, 5.0)]  # 5 tokens left: 0.125 s now (fits), 0.2 s with a third
     ok, why = a.may_admit(running, rate=40.0, free_kv_blocks=10, blocks_needed=1)
     assert not ok and "25.0 tok/s" in why
-    assert a.predicted_rate(3, 40.0) == pytest.approx(25.0)
+    assert a.rate_with(3, 40.0) == pytest.approx(25.0)
     # A looser budget survives the same slowdown.
     assert a.may_admit([(5, 0.25), (0, 5.0)], 40.0, 10, 1)[0]
 
@@ -120,7 +120,7 @@ def test_steps_without_measurements_assume_current_speed():
     for _ in range(5):
         a.note_step()  # a caller that does not pass step timings
     assert len(a.speed_model) == 0
-    assert a.predicted_rate(7, 40.0) == pytest.approx(40.0)
+    assert a.rate_with(7, 40.0) == pytest.approx(40.0)
     assert a.may_admit([(5, 0.126)], 40.0, 10, 1)[0]
 
 

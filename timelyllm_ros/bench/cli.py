@@ -332,10 +332,10 @@ def _main(args: argparse.Namespace) -> int:
     seed = workload.seed if args.seed is None else args.seed
     progress = not args.no_progress
     n_tasks = sum(len(e.tasks) for e in events)
+    prompt_desc = f"{prompt_tokens}-token prompts" if prompt_tokens else "unpadded prompts"
     print(f"workload {workload.name}: {len(events)} events, {n_tasks} tasks over "
-          f"{workload.duration_s:g} s (seed {seed}); engine {args.engine}; prompts "
-          f"{prompt_tokens or 'unpadded'} tokens; baseline prefix cache "
-          f"{'on' if args.baseline_prefix_cache else 'off'}", file=sys.stderr)
+          f"{workload.duration_s:g} s (seed {seed}); engine {args.engine}; {prompt_desc}; "
+          f"baseline prefix cache {'on' if args.baseline_prefix_cache else 'off'}", file=sys.stderr)
 
     engine = None
     if args.engine == "vllm":
@@ -381,8 +381,8 @@ def _main(args: argparse.Namespace) -> int:
         print(f"wrote {args.json_path}", file=sys.stderr)
     if args.plots:
         from timelyllm_ros.bench.plots import write_all
-        title = (f"{workload.name} ({args.engine}, prompts {prompt_tokens or 'unpadded'} tokens, "
-                 f"baseline prefix cache {'on' if args.baseline_prefix_cache else 'off'}"
+        cache = "on" if args.baseline_prefix_cache else "off"
+        title = (f"{workload.name} ({args.engine}, {prompt_desc}, baseline prefix cache {cache}"
                  + (f", batch cap {args.batch_cap})" if args.batch_cap else ")"))
         for path in write_all(runs, doc, args.plots, sweep=sweep, title=title):
             print(f"wrote {path}", file=sys.stderr)

@@ -140,8 +140,8 @@ class LatencyGuidedAdmission:
     For every running generation the worst case to finish its segment is
     `(max_segment_tokens - tokens_generated) / rate`. A generation is *protected* when that worst
     case fits its remaining budget at the measured speed; one that does not fit (including every
-    generation already past its budget) cannot be saved by refusing admissions, since one
-    sequence more or less changes a step by a fraction of a millisecond. A newcomer is refused
+    generation already past its budget) cannot be saved by refusing admissions: one sequence
+    more or less typically changes a step by well under a millisecond. A newcomer is refused
     only if, at the speed predicted for the batch *with* it (`BatchSpeedModel`, or the caller's
     `predicted_rate`), some protected generation would no longer fit. After an admission made
     while something was protected, further admissions wait `lag_steps` engine steps (as long as
@@ -171,7 +171,7 @@ class LatencyGuidedAdmission:
         bound = int(info[2]) if len(info) > 2 else self.max_segment_tokens
         return max(0, bound - int(info[0]))
 
-    def predicted_rate(self, batch_size: int, rate: float) -> float:
+    def rate_with(self, batch_size: int, rate: float) -> float:
         """tokens/s of one generation once the batch has `batch_size` sequences."""
         step = 1.0 / rate
         model_step = self.speed_model.step_time_s(batch_size)
@@ -204,7 +204,7 @@ class LatencyGuidedAdmission:
             left = self.lag_steps - self._steps_since_protected
             return False, f"lag: waiting {left} more step(s) to measure the last admission"
         if predicted_rate is None or not (predicted_rate > 0 and math.isfinite(predicted_rate)):
-            new_rate = self.predicted_rate(len(running) + 1, rate)
+            new_rate = self.rate_with(len(running) + 1, rate)
         else:
             new_rate = min(float(predicted_rate), rate)
         remaining, budget_s = min(protected, key=lambda p: p[1] - p[0] / new_rate)
@@ -223,7 +223,7 @@ class LatencyGuidedAdmission:
         self._last_ok_protected = False
 
     def note_step(self, duration_s: float | None = None, batch_size: int | None = None) -> None:
-        """After each engine step; with the step's duration and batch size the speed model learns."""
+        """After each engine step; given the step's duration and batch size, the model learns."""
         self._steps_since_protected += 1
         if duration_s is not None and batch_size is not None:
             self.speed_model.record(int(batch_size), duration_s)

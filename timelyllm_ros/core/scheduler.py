@@ -13,6 +13,21 @@ The scheduler is engine-agnostic (real vLLM or the simulated cost-model engine) 
 (it reads `engine.now()`), so the bench and the ROS planner node run exactly this code. Robots and
 transports are outside: segments and status changes go to a `SchedulerListener`, and robot reports
 come back through `on_report`.
+
+Extension points for policies from other papers (docs/policies.md; all optional, a policy that
+uses none of them runs the original code path):
+- queue columns `task_seq`, `context_tokens`, `bound_tokens`, `prefill_tokens`, `pause_s`
+  (filled when a generation is queued, see QueueView);
+- `Policy.make_admission(ctx)`: the policy's admission controller. A controller with
+  `may_admit_candidate(batch, candidate, free_kv_blocks)` gets the running batch as
+  `RunningGen`s and each candidate as a `Candidate` (context sizes, bounds, deadlines), and
+  `begin_pass(AdmissionPass)` once per pass; `skip_refused` lets the walk go on after a refusal;
+- `Policy.make_gate(ctx)`: a gate (`decide(waiting_prefill_tokens, decoding)`, `note_prefill()`,
+  `note_decode_round(n)`) that can hold a whole admission pass back;
+- `Policy.pause_handling(PauseInfo)`: preserve / discard / swap at each suspension, carried out
+  by engines with `suspend_request(id, handling)` / `resume_request(old_id, request)` (the
+  simulated engine); other engines always discard (abort + resubmit with the token ids);
+- `Policy.on_admitted`, `on_step`, `on_task_end`: notifications for stateful policies.
 """
 
 from __future__ import annotations
@@ -36,8 +51,10 @@ from timelyllm_ros.core.errors import FieldError
 from timelyllm_ros.core.exec_model import ExecutionTimeModel
 from timelyllm_ros.core.generation import resume_regex
 from timelyllm_ros.core.lifecycle import TaskLifecycle
-from timelyllm_ros.core.policies.base import Policy
-from timelyllm_ros.core.policies.queue_view import QueueArrays, initial_row, suspended_row
+from timelyllm_ros.core.policies.base import (DISCARD, PAUSE_HANDLINGS, PRESERVE, PauseInfo, Policy,
+                                              SchedulerContext, StepInfo)
+from timelyllm_ros.core.policies.queue_view import (QueueArrays, QueueView, initial_row,
+                                                    suspended_row)
 from timelyllm_ros.core.robot_timeline import RobotTimelines
 from timelyllm_ros.core.skills.base import SkillCall, SkillSyntaxError
 from timelyllm_ros.core.skills.skillset import SkillSet
@@ -54,6 +71,78 @@ class SchedulerListener(Protocol):
 
 class TaskRejected(FieldError):
     """A goal the scheduler cannot serve; `field` names the offending goal field."""
+
+
+@dataclass(slots=True)
+class RunningGen:
+    """A generation in the running batch, as candidate-aware admission controllers see it."""
+
+    key: str
+    context_tokens: int    # prompt + everything generated so far (its KV now)
+    tokens_this_run: int
+    bound_tokens: int      # most tokens this run may generate (the segment bound at admission)
+    deadline_s: float      # when its current segment is due (TUF ERT / robot done estimate)
+    is_urgent: bool
+
+    @property
+    def remaining_tokens(self) -> int:
+        return max(0, self.bound_tokens - self.tokens_this_run)
+
+
+@dataclass(slots=True)
+class Candidate:
+    """A queued generation offered to a candidate-aware admission controller."""
+
+    key: str
+    task_seq: int
+    context_tokens: int
+    bound_tokens: int
+    prefill_tokens: int
+    blocks_needed: int
+    deadline_s: float
+    is_urgent: bool
+    segment_index: int
+
+
+@dataclass
+class AdmissionPass:
+    """One admission pass: the queue in walk order, before anything is admitted."""
+
+    now: float
+    view: QueueView
+    rows: np.ndarray           # view rows in walk order (eligible ones only)
+    keys: list                 # task ids of those rows
+    running: list[RunningGen]
+    free_kv_blocks: int
+    block_size: int
+
+
+class CappedAdmission:
+    """A fixed batch cap in front of a policy's own controller (`SchedulerConfig.batch_cap`)."""
+
+    def __init__(self, cap: int, inner):
+        self.cap = FixedBatchCap(cap)
+        self.inner = inner
+        self.skip_refused = getattr(inner, "skip_refused", False)
+        if hasattr(inner, "begin_pass"):
+            self.begin_pass = inner.begin_pass
+        if hasattr(inner, "may_admit_candidate"):
+            self.may_admit_candidate = self._candidate
+
+    def may_admit(self, running, rate, free_kv_blocks, blocks_needed):
+        ok, why = self.cap.may_admit(running, rate, free_kv_blocks, blocks_needed)
+        return self.inner.may_admit(running, rate, free_kv_blocks, blocks_needed) if ok else (ok, why)
+
+    def _candidate(self, batch, candidate, free_kv_blocks):
+        if len(batch) >= self.cap.cap:
+            return False, f"batch cap {self.cap.cap} reached"
+        return self.inner.may_admit_candidate(batch, candidate, free_kv_blocks)
+
+    def note_admission(self) -> None:
+        self.inner.note_admission()
+
+    def note_step(self) -> None:
+        self.inner.note_step()
 
 
 @dataclass
@@ -100,17 +189,56 @@ class SegmentScheduler:
         self._queue = QueueArrays()
         self._running: dict[str, TaskRecord] = {}  # engine request id -> task
         self._rate = TokenRateMeter(self.config.rate_window_steps)
+        self.context = self._make_context()
         self._admission = self._make_admission()
+        self._candidate_aware = hasattr(self._admission, "may_admit_candidate")
+        self._skip_refused = bool(getattr(self._admission, "skip_refused", False))
+        self._gate = policy.make_gate(self.context)
+        # Hooks the policy does not override are never called (hot path unchanged).
+        self._hook_admitted = _overrides(policy, "on_admitted")
+        self._hook_step = _overrides(policy, "on_step")
+        self._hook_task_end = _overrides(policy, "on_task_end")
+        self._hook_pause = _overrides(policy, "pause_handling")
+        self._engine_pauses = self.context.supports_pause_handling
+        # Suspended generations whose engine request is paused (preserve/swap): task id ->
+        # (engine request id, handling).
+        self._paused: dict[str, tuple[str, str]] = {}
+        self.pause_counts: dict[str, int] = {h: 0 for h in PAUSE_HANDLINGS}
+        # Engine request id -> most tokens that run may generate (RunningGen.bound_tokens).
+        self._run_bound: dict[str, int] = {}
+        # Skill set -> token ids of its fixed prompt (the prefix the cache shares across tasks).
+        self._shared_prefix: dict[str, int] = {}
+        # Skill set -> [sum, count] of reported segment durations, and of estimates until then.
+        self._seg_time: dict[str, list[float]] = {}
         self._prompt_cache: dict[str, list[int]] = {}
         self.fetch_overhead_s: list[float] = []
         self.steps = 0
 
+    def _make_context(self) -> SchedulerContext:
+        kv = self.engine.kv_usage()
+        engine = self.engine
+        pauses = callable(getattr(engine, "suspend_request", None)) and \
+            callable(getattr(engine, "resume_request", None))
+        return SchedulerContext(
+            engine_name=getattr(engine, "name", type(engine).__name__),
+            kv_block_size=max(1, int(kv.block_size)), kv_total_blocks=int(kv.total_blocks),
+            max_segment_tokens=max((s.max_segment_tokens for s in self.skill_sets.values()),
+                                   default=10),
+            max_num_seqs=getattr(engine, "max_num_seqs", None),
+            profile=getattr(engine, "profile", None), supports_pause_handling=pauses,
+            kv_bytes_per_token=float(getattr(engine, "kv_bytes_per_token", 131072.0)),
+            host_link_bytes_per_s=float(getattr(engine, "host_link_bytes_per_s", 25e9)))
+
     def _make_admission(self):
+        own = self.policy.make_admission(self.context)
+        if own is not None:
+            if self.config.batch_cap is not None:
+                return CappedAdmission(self.config.batch_cap, own)
+            return own
         if self.config.batch_cap is not None:
             return FixedBatchCap(self.config.batch_cap)
         if self.policy.latency_guided_admission:
-            max_seg = max((s.max_segment_tokens for s in self.skill_sets.values()), default=10)
-            return LatencyGuidedAdmission(max_segment_tokens=max_seg)
+            return LatencyGuidedAdmission(max_segment_tokens=self.context.max_segment_tokens)
         return BlocksOnlyAdmission()
 
     # ------------------------------------------------------------------ inputs
@@ -149,7 +277,9 @@ class SegmentScheduler:
         self._active[spec.task_id] = task
         task.lifecycle.accept(now)
         task.queue_slot = self._queue.add(
-            initial_row(spec.tuf, spec.arrival_s, enqueued_s=now, is_urgent=spec.is_urgent),
+            initial_row(spec.tuf, spec.arrival_s, enqueued_s=now, is_urgent=spec.is_urgent,
+                        **self._sizes(task, skill_set, cached=self._shared_prefix_len(
+                            skill_set, task.prompt_ids))),
             key=spec.task_id)
         self._emit(task)
         return task
@@ -181,6 +311,7 @@ class SegmentScheduler:
         self._robots.settled(task.spec.robot_id, [segment])
         if success and segment.calls:
             self.exec_model.observe_segment(segment.calls, finished_s - started_s)
+            self._note_segment_time(task.spec.skill_set, finished_s - started_s, observed=True)
         now = self.engine.now()
         if not success:
             self._finish(task, "fail", f"robot {task.spec.robot_id} reported failure of segment "
@@ -231,6 +362,13 @@ class SegmentScheduler:
         if timing.duration_s > 0 and outputs:
             self._rate.record(timing.duration_s, 1)
         self._admission.note_step()
+        if self._gate is not None and timing.batch_size > 0:
+            self._gate.note_decode_round(timing.batch_size)
+        if self._hook_step:
+            self.policy.on_step(StepInfo(
+                step=self.steps, duration_s=timing.duration_s, batch_size=timing.batch_size,
+                prefill_tokens=timing.prefill_tokens,
+                context_tokens=sum(_context_of(t) for t in self._running.values())))
         now = self.engine.now()
         for output in outputs:
             task = self._running.get(output.request_id)
@@ -277,43 +415,128 @@ class SegmentScheduler:
         # Highest priority first; equal priorities in submission order. (Queue rows are not in
         # submission order: removal moves the last row into the hole. A plain reversed argsort
         # served ties last-submitted first, so FCFS admitted simultaneous arrivals backwards.)
-        submitted = np.fromiter((self.tasks[k].submit_index for k in row_keys), dtype=np.int64,
-                                count=len(row_keys))
+        submitted = view.task_seq
         order = np.lexsort((submitted, -priorities))
         eligible_from = None
         if self.config.resume_lead_s is not None:
             eligible_from = view.reference_s - self.config.resume_lead_s
-        keys = [row_keys[i] for i in order
-                if eligible_from is None or view.segment_index[i] == 0 or eligible_from[i] <= now]
+        if eligible_from is None:
+            rows = order
+        else:
+            mask = (view.segment_index[order] == 0) | (eligible_from[order] <= now)
+            rows = order[mask]
+        keys = [row_keys[i] for i in rows]
+        if not keys:
+            self._record_overhead(started)
+            if self._hook_admitted:
+                self.policy.on_admitted([], now)
+            return
+        if self._gate is not None and self._gate.decide(
+                view.prefill_tokens[rows], len(self._running)) != "prefill":
+            self._record_overhead(started)
+            if self._hook_admitted:
+                self.policy.on_admitted([], now)
+            return
+        if self._candidate_aware:
+            admitted = self._admit_candidates(view, rows, keys, now, started)
+        else:
+            self._record_overhead(started)
+            admitted = []
+            for task_id in keys:
+                task = self.tasks[task_id]
+                ok, _why = self._admission.may_admit(
+                    self._running_budgets(now), self._rate.rate, self._free_blocks(),
+                    self._blocks_needed(task))
+                if not ok:
+                    break
+                self._start(task, now)
+                self._admission.note_admission()
+                admitted.append(task.submit_index)
+        if admitted and self._gate is not None:
+            self._gate.note_prefill()
+        if self._hook_admitted:
+            self.policy.on_admitted(admitted, now)
+
+    def _record_overhead(self, started: float) -> None:
         self.fetch_overhead_s.append(time.perf_counter() - started)
         if len(self.fetch_overhead_s) > 2 * self.config.overhead_history:
             del self.fetch_overhead_s[:-self.config.overhead_history]
-        for task_id in keys:
+
+    def _admit_candidates(self, view: QueueView, rows: np.ndarray, keys: list, now: float,
+                          started: float) -> list[int]:
+        """The admission walk for candidate-aware controllers (MC-SF look-ahead, BROS, ...)."""
+        batch = self._batch_state(now)
+        free = self._free_blocks()
+        block_size = self.context.kv_block_size
+        # Copies (fancy indexing): admissions below reorder the queue's rows.
+        deadlines = view.reference_s[rows] + view.ert_s[rows]
+        bounds = view.bound_tokens[rows]
+        prefill = view.prefill_tokens[rows]
+        seg_index = view.segment_index[rows]
+        urgent = view.is_urgent[rows]
+        begin = getattr(self._admission, "begin_pass", None)
+        if begin is not None:
+            begin(AdmissionPass(now, view, rows, keys, batch, free, block_size))
+        self._record_overhead(started)
+        admitted = []
+        for j, task_id in enumerate(keys):
             task = self.tasks[task_id]
-            ok, _why = self._admission.may_admit(
-                self._running_budgets(now), self._rate.rate, self.engine.kv_usage().free_blocks,
-                self._blocks_needed(task))
+            need = self._blocks_needed(task)
+            cand = Candidate(task_id, task.submit_index, _context_of(task), int(bounds[j]),
+                             int(prefill[j]), need, float(deadlines[j]), bool(urgent[j]),
+                             int(seg_index[j]))
+            ok, _why = self._admission.may_admit_candidate(batch, cand, free)
             if not ok:
+                if self._skip_refused:
+                    continue
                 break
             self._start(task, now)
             self._admission.note_admission()
+            if task.engine_request_id is not None:
+                batch.append(RunningGen(task_id, cand.context_tokens, 0, cand.bound_tokens,
+                                        cand.deadline_s, cand.is_urgent))
+                free -= need
+            admitted.append(task.submit_index)
+        return admitted
+
+    def _batch_state(self, now: float) -> list[RunningGen]:
+        out = []
+        for rid, task in self._running.items():
+            out.append(RunningGen(task.task_id, _context_of(task), task.tokens_this_run,
+                                  self._run_bound.get(rid, 0), self._deadline_of(task, now),
+                                  task.spec.is_urgent))
+        return out
+
+    def _deadline_of(self, task: TaskRecord, now: float) -> float:
+        if not task.segments:
+            return task.spec.arrival_s + task.spec.tuf.ert_s
+        return task.robot_free_at(now)
+
+    def _free_blocks(self) -> int:
+        free = self.engine.kv_usage().free_blocks
+        if not self._running and self._paused:
+            # With nothing running the engine revokes preserved pauses for a waiting request
+            # (else it could wait for ever on blocks that only a queued generation would free).
+            pinned = getattr(self.engine, "pinned_blocks", None)
+            if pinned is not None:
+                free += pinned()
+        return free
 
     def _running_budgets(self, now: float) -> list[tuple[int, float]]:
-        budgets = []
-        for task in self._running.values():
-            j = len(task.segments)
-            if j == 0:
-                deadline = task.spec.arrival_s + task.spec.tuf.ert_s
-            else:
-                deadline = task.robot_free_at(now)
-            budgets.append((task.tokens_this_run, deadline - now))
-        return budgets
+        return [(task.tokens_this_run, self._deadline_of(task, now) - now)
+                for task in self._running.values()]
 
     def _blocks_needed(self, task: TaskRecord) -> int:
-        usage = self.engine.kv_usage()
-        tokens = len(task.prompt_ids) + len(task.generated.token_ids) + \
-            self._skill_set_of(task.spec).max_segment_tokens
-        return -(-tokens // max(1, usage.block_size))
+        bs = self.context.kv_block_size
+        context = _context_of(task)
+        tokens = context + self._skill_set_of(task.spec).max_segment_tokens
+        need = -(-tokens // bs)
+        paused = self._paused.get(task.task_id)
+        if paused is not None and paused[1] == PRESERVE:
+            held = getattr(self.engine, "paused_handling", None)
+            if held is not None and held(paused[0]) == PRESERVE:
+                need -= max(0, context - 1) // bs  # it still holds its full blocks
+        return need
 
     def _start(self, task: TaskRecord, now: float) -> None:
         self._queue.remove(task.queue_slot)
@@ -336,19 +559,26 @@ class SegmentScheduler:
         # a resumed generation would be forced to add statements until max_statements.
         may_end = resuming and program is not None and _is_complete_program(
             skill_set.output_regex(), task.generated.text + task.owed_text)
+        request = EngineRequest(
+            request_id=request_id,
+            prompt_token_ids=[*task.prompt_ids, *generated_ids],
+            max_tokens=max(1, skill_set.max_plan_tokens - len(generated_ids)),
+            output_regex=resume_regex(task.owed_text, program, may_end=may_end),
+            scripted_text=scripted,
+        )
+        paused = self._paused.get(task.task_id)
         try:
-            self.engine.add_request(EngineRequest(
-                request_id=request_id,
-                prompt_token_ids=[*task.prompt_ids, *generated_ids],
-                max_tokens=max(1, skill_set.max_plan_tokens - len(generated_ids)),
-                output_regex=resume_regex(task.owed_text, program, may_end=may_end),
-                scripted_text=scripted,
-            ))
+            if paused is not None:
+                self.engine.resume_request(paused[0], request)
+                del self._paused[task.task_id]
+            else:
+                self.engine.add_request(request)
         except Exception as err:  # noqa: BLE001 - the engine refused it; the task cannot run
             log.warning("engine refused request %s: %s", request_id, err)
             self._finish(task, "fail", f"engine refused the generation: {err}", now)
             return
         task.engine_request_id = request_id
+        self._run_bound[request_id] = _bound_of(task, skill_set)
         task.tokens_this_run = 0
         task.run_started_s = now
         self._running[request_id] = task
@@ -417,6 +647,8 @@ class SegmentScheduler:
     def _dispatch(self, task: TaskRecord, text: str, calls: tuple[SkillCall, ...], is_last: bool,
                   now: float) -> None:
         estimate = self.exec_model.estimate_segment_min(calls) if calls else 0.0
+        if calls:
+            self._note_segment_time(task.spec.skill_set, estimate, observed=False)
         arrive = now + self.config.network_latency_s
         start = max(arrive, task.robot_free_at(arrive),
                     self._robots.free_at(task.spec.robot_id, arrive))
@@ -434,20 +666,56 @@ class SegmentScheduler:
         self.listener.on_segment(task, segment)
 
     def _suspend(self, task: TaskRecord, now: float) -> None:
-        self._stop_engine_request(task)
+        context = _context_of(task)
+        handling = self._pause_handling(task, context, now)
+        rid = task.engine_request_id
+        if handling != DISCARD and rid is not None:
+            self.engine.suspend_request(rid, handling)
+            self._running.pop(rid, None)
+            self._run_bound.pop(rid, None)
+            task.engine_request_id = None
+            self._paused[task.task_id] = (rid, handling)
+        else:
+            handling = DISCARD
+            self._stop_engine_request(task)
+        self.pause_counts[handling] += 1
         task.owed_text = task.generated.cut_for_resume()
         task.lifecycle.suspend(now)
+        skill_set = self._skill_set_of(task.spec)
+        bs = self.context.kv_block_size
+        # The previous run's full blocks are expected back (prefix cache, pinned or host copy).
+        cached = (max(0, context - 1) // bs) * bs
         task.queue_slot = self._queue.add(
             suspended_row(task.spec.tuf, task.spec.arrival_s, task.robot_free_at(now),
-                          len(task.segments), enqueued_s=now, is_urgent=task.spec.is_urgent),
+                          len(task.segments), enqueued_s=now, is_urgent=task.spec.is_urgent,
+                          **self._sizes(task, skill_set, cached=cached)),
             key=task.task_id)
         self._emit(task)
+
+    def _pause_handling(self, task: TaskRecord, context: int, now: float) -> str:
+        if not (self._hook_pause and self._engine_pauses) or task.engine_request_id is None:
+            return DISCARD
+        rid = task.engine_request_id
+        other = sum(_context_of(t) for r, t in self._running.items() if r != rid)
+        free_at = task.robot_free_at(now)
+        lead = self.config.resume_lead_s
+        handling = self.policy.pause_handling(PauseInfo(
+            task_id=task.task_id, context_tokens=context, other_tokens=other,
+            pause_s=max(0.0, free_at - now),
+            eligible_in_s=0.0 if lead is None else max(0.0, free_at - lead - now),
+            segment_index=len(task.segments), is_urgent=task.spec.is_urgent,
+            context=self.context))
+        if handling not in PAUSE_HANDLINGS:
+            raise ValueError(f"policy {self.policy.name!r}: pause handling must be one of "
+                             f"{PAUSE_HANDLINGS}, got {handling!r}")
+        return handling
 
     def _end_generation(self, task: TaskRecord, engine_finished: bool, now: float) -> None:
         if not engine_finished:
             self._stop_engine_request(task)
         else:
             self._running.pop(task.engine_request_id, None)
+            self._run_bound.pop(task.engine_request_id, None)
             task.engine_request_id = None
         if task.held_segments:  # whole-plan dispatch of a plan cut short
             self._on_segment_text(task, *task.held_segments.pop(), is_last=True, now=now)
@@ -500,12 +768,18 @@ class SegmentScheduler:
         if task.engine_request_id is not None:
             self.engine.abort_request(task.engine_request_id)
             self._running.pop(task.engine_request_id, None)
+            self._run_bound.pop(task.engine_request_id, None)
             task.engine_request_id = None
+        paused = self._paused.pop(task.task_id, None)
+        if paused is not None:
+            self.engine.abort_request(paused[0])  # releases pinned blocks / the host copy
 
     # ------------------------------------------------------------------ helpers
     def _forget_old(self, task: TaskRecord) -> None:
         """Book-keeping once `task` is terminal."""
         self._active.pop(task.task_id, None)
+        if self._hook_task_end:
+            self.policy.on_task_end(task.submit_index)
         limit = self.config.max_finished_tasks
         if limit is None:
             return
@@ -514,6 +788,42 @@ class SegmentScheduler:
             old = self._finished_order.popleft()
             if old in self.tasks and self.tasks[old].lifecycle.is_terminal:
                 del self.tasks[old]
+
+    def _sizes(self, task: TaskRecord, skill_set: SkillSet, cached: int) -> dict:
+        context = _context_of(task)
+        return {
+            "task_seq": task.submit_index,
+            "context_tokens": context,
+            "bound_tokens": _bound_of(task, skill_set),
+            "prefill_tokens": max(1, context - min(cached, context - 1)),
+            "pause_s": self._mean_segment_time(task.spec.skill_set),
+        }
+
+    def _shared_prefix_len(self, skill_set: SkillSet, prompt_ids: list[int]) -> int:
+        """Full blocks of `prompt_ids` shared with the skill set's fixed prompt (the part the
+        prefix cache is expected to serve)."""
+        shared = self._shared_prefix.get(skill_set.name)
+        if shared is None:
+            shared = self._shared_prefix[skill_set.name] = self._prompt_ids(skill_set, "")
+        n = min(len(shared), len(prompt_ids))
+        a = np.asarray(shared[:n])
+        b = np.asarray(prompt_ids[:n])
+        diff = np.flatnonzero(a != b)
+        common = int(diff[0]) if diff.size else n
+        return common // self.context.kv_block_size * self.context.kv_block_size
+
+    def _note_segment_time(self, skill_set: str, seconds: float, observed: bool) -> None:
+        # [sum, count, observed?]: estimates only until the first report of the skill set.
+        entry = self._seg_time.get(skill_set)
+        if entry is None or (observed and not entry[2]):
+            self._seg_time[skill_set] = [float(seconds), 1.0, observed]
+        elif observed == entry[2]:
+            entry[0] += float(seconds)
+            entry[1] += 1.0
+
+    def _mean_segment_time(self, skill_set: str) -> float:
+        entry = self._seg_time.get(skill_set)
+        return entry[0] / entry[1] if entry else 0.0
 
     def _skill_set_of(self, spec: TaskSpec) -> SkillSet:
         skill_set = self.skill_sets.get(spec.skill_set)
@@ -542,6 +852,19 @@ class SegmentScheduler:
     def snapshots(self, task_ids: Iterable[str] | None = None) -> list[TaskSnapshot]:
         ids = self.tasks if task_ids is None else task_ids
         return [TaskSnapshot.of(self.tasks[i]) for i in ids]
+
+
+def _context_of(task: TaskRecord) -> int:
+    return len(task.prompt_ids) + len(task.generated.token_ids)
+
+
+def _bound_of(task: TaskRecord, skill_set: SkillSet) -> int:
+    left = skill_set.max_plan_tokens - len(task.generated.token_ids)
+    return max(1, min(skill_set.max_segment_tokens, left))
+
+
+def _overrides(policy: Policy, name: str) -> bool:
+    return getattr(type(policy), name, None) is not getattr(Policy, name)
 
 
 def _rejected_snapshot(spec: TaskSpec, reason: str) -> TaskSnapshot:

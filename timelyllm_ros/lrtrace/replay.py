@@ -15,9 +15,11 @@ this replays it with real ROS 2 nodes, in wall-clock time:
    for `--durations-from`; not with `--no-robots`).
 2. Wait until the planner listens for goals and the recorder and executors are subscribed.
 3. Publish each event's goals at its `time_s` after the start (wall clock): task id
-   `t00000`, ... (in event order, as the bench numbers them), instruction, skill set and TUF level
-   of the task's trace (the event's `tuf_level` if it names one), stamped with the publish time,
-   so the planner's arrival time (and the response time) includes the goal's transport.
+   `t00000`, ... (in event order, as the bench numbers them; with `--attach` prefixed by a run
+   tag, `r153012.t00000`, since a running planner refuses a task id twice), instruction, skill
+   set and TUF level of the task's trace (the event's `tuf_level` if it names one), stamped with
+   the publish time, so the planner's arrival time (and the response time) includes the goal's
+   transport.
 4. Wait until every task is terminal (done, failed, rejected, cancelled), stop the recorder (it
    closes the bag), stop the nodes.
 5. Compute the bench's metrics from the bag (`bench/metrics.py`): response time, utility and
@@ -45,11 +47,13 @@ import json
 import math
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -199,13 +203,11 @@ class _Setup:
     exec_model: Path | None
     durations_table: Any = None  # list of TimingRow (already validated)
     durations_source: str | None = None
-    bag_output: Path | None = None  # user's --record bag directory
-    bag_summary: dict = field(default_factory=dict)
+    bag_output: Path | None = None  # the --record bag
 
 
 def _load(args: argparse.Namespace) -> _Setup:
     from timelyllm_ros.bench.cli import UsageError, load_events_for
-    from timelyllm_ros.bench.harness import task_type  # noqa: F401 - fail early if broken
     from timelyllm_ros.core.exec_model import ExecModelConfigError, ExecutionTimeModel
     from timelyllm_ros.core.tuf import load_tuf_levels
     from timelyllm_ros.lrtrace.traces import TraceError, load_traces
@@ -221,6 +223,8 @@ def _load(args: argparse.Namespace) -> _Setup:
         raise ReplayError(f"workload {workload.name}: no events"
                           + (f" in the first {args.duration_s:g} s" if args.duration_s else ""))
     levels = load_tuf_levels()
+    # A planner that keeps running (--attach) rejects a task id it already knows: tag the run.
+    prefix = time.strftime("r%H%M%S.") if args.attach else ""
     tasks: list[_Task] = []
     robots: dict[str, str] = {}
     for event in events:
@@ -237,7 +241,7 @@ def _load(args: argparse.Namespace) -> _Setup:
             if known != trace.skill_set:
                 raise ReplayError(f"{args.workload}: {where}: robot: {spec.robot_id} runs "
                                   f"{known!r} plans in an earlier event, not {trace.skill_set!r}")
-            tasks.append(_Task(f"t{spec.task_id:05d}", spec.task_id, spec.robot_id, trace,
+            tasks.append(_Task(f"{prefix}t{spec.task_id:05d}", spec.task_id, spec.robot_id, trace,
                                spec.tuf_level, event.event_id, float(event.time_s), ert))
     exec_model = None
     if args.exec_model:
@@ -406,6 +410,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     work = Path(tempfile.mkdtemp(prefix="timelyllm-replay-"))
     keep_work = False
+    old_term = _term_as_interrupt()
     try:
         try:
             code = _replay(args, setup, work)
@@ -416,10 +421,23 @@ def run(args: argparse.Namespace) -> int:
         keep_work = code != 0
         return code
     finally:
-        if keep_work and not args.log_dir:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+        if keep_work and not args.log_dir and any((work / "logs").glob("*.log")):
             print(f"{PROG}: node logs kept in {work / 'logs'}", file=sys.stderr, flush=True)
         else:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _term_as_interrupt():
+    """SIGTERM ends the replay like Ctrl-C: the nodes it started are stopped, not orphaned."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def on_term(signum, frame):  # noqa: ARG001
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGTERM, on_term)
 
 
 def _replay(args: argparse.Namespace, setup: _Setup, work: Path) -> int:
@@ -441,11 +459,15 @@ def _replay(args: argparse.Namespace, setup: _Setup, work: Path) -> int:
     log_dir = Path(args.log_dir) if args.log_dir else work / "logs"
     recorder_spec, node_specs = _node_specs(args, setup, work, bag_path, table_csv)
     n_tasks = len(setup.tasks)
+    planner = "attached planner" if args.attach else f"policy {setup.policy}, engine {setup.engine}"
+    if args.no_robots:
+        robots = "robots: none started"
+    else:
+        robots = f"robots: {'replay ' + str(setup.durations_source) if table_csv else 'sim'}, " \
+                 f"time scale {args.time_scale:g}"
     print(f"replay {setup.workload.name}: {len(setup.events)} events, {n_tasks} tasks over "
-          f"{max(t.time_s for t in setup.tasks):.1f} s on {len(setup.robots)} robots; "
-          + ("attached planner" if args.attach else f"policy {setup.policy}, engine {setup.engine}")
-          + f"; robots {'none started' if args.no_robots else ('replay ' + str(setup.durations_source) if table_csv else 'sim')}"
-          + f", time scale {args.time_scale:g}; ROS_DOMAIN_ID={os.environ.get('ROS_DOMAIN_ID', '0')}",
+          f"{max(t.time_s for t in setup.tasks):.1f} s on {len(setup.robots)} robots; {planner}; "
+          f"{robots}; ROS_DOMAIN_ID={os.environ.get('ROS_DOMAIN_ID', '0')}",
           file=sys.stderr, flush=True)
 
     from timelyllm_ros.client import PlannerClient
@@ -453,11 +475,20 @@ def _replay(args: argparse.Namespace, setup: _Setup, work: Path) -> int:
     recorder = NodeGroup([recorder_spec], log_dir=log_dir, echo=args.echo)
     nodes = NodeGroup(node_specs, log_dir=log_dir, echo=args.echo)
     client = None
+    own_rclpy = False
     recorder_stopped = False
     wall_start = time.perf_counter()
     try:
         recorder.start()
         nodes.start()
+        import rclpy
+        from rclpy.signals import SignalHandlerOptions
+
+        if not rclpy.ok():
+            # Without rclpy's signal handlers Ctrl-C / SIGTERM reach this loop, which stops the
+            # nodes in order, instead of shutting the client's context under its spin thread.
+            rclpy.init(signal_handler_options=SignalHandlerOptions.NO)
+            own_rclpy = True
         client = PlannerClient(node_name=CLIENT_NODE)
 
         def dead() -> str | None:
@@ -547,6 +578,8 @@ def _replay(args: argparse.Namespace, setup: _Setup, work: Path) -> int:
         nodes.stop(timeout_s=30)
         if client is not None:
             client.close()
+        if own_rclpy:
+            rclpy.try_shutdown()
     wall_s = time.perf_counter() - wall_start
 
     doc, summary = _results(args, setup, bag_path, t0_wall, metrics, client_status,

@@ -88,7 +88,8 @@ class ReplayTable:
         self.by_robot: dict[tuple[str, str], list[float]] = {}
         self.rows = 0
         self.skipped_failures = 0
-        for row in rows:
+        # Recorded order is time order (a table from `lrtrace table` is already sorted so).
+        for row in sorted(rows, key=lambda r: (r.start, r.task_id, r.sequence)):
             if not row.success:
                 self.skipped_failures += 1
                 continue

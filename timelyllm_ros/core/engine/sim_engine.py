@@ -21,6 +21,25 @@ depend on it:
   if its blocks were not evicted meanwhile). Waiting requests are admitted in FCFS order only
   when all running requests got their blocks, and only while blocks are free.
 
+Pause handling (LAMPS / INFERCEPT, used by the scheduler when a policy asks for it): a running
+request can be suspended with `suspend_request(id, handling)` and continued later by
+`resume_request(id, new_request)`, where the new request's prompt is the old prompt plus the
+tokens to keep (as the scheduler resubmits a suspended generation):
+- "discard": exactly `abort_request` - the blocks go to the evictable prefix cache and whatever is
+  evicted by the time it resumes is prefilled again;
+- "preserve": the blocks stay allocated (pinned, not free, not evictable) during the pause; the
+  resumed request keeps them and computes only tokens they do not hold (usually the last one).
+  Under KV pressure a preserved request is revoked (its blocks freed as by a discard) before any
+  running request is preempted, and when nothing runs and a waiting request cannot be admitted;
+- "swap": the blocks are freed (as by a discard, so the prefix cache may still serve them) and a
+  host copy of the context is kept; swap-out time for the blocks the request held alone is added
+  to the next step, and on resume the context not found in the prefix cache is copied back
+  (swap-in time added to the admitting step) instead of being prefilled. Both copies are
+  synchronous (INFERCEPT's waste equations assume they stall the batch):
+  `t = tokens * kv_bytes_per_token / host_link_bytes_per_s` (defaults: 128 KiB per token, fp16
+  Llama3-8B; 25 GB/s, a PCIe 4.0 x16 link). Host memory is unbounded.
+`pause_stats` counts handlings, copies and revocations.
+
 What it does not model: chunked prefill, sampling, structured outputs (`output_regex` is ignored:
 the script is assumed valid), and an extra EOS step (a request finishes on the step that emits the
 last token of its script).
@@ -36,6 +55,16 @@ from typing import Sequence
 
 from timelyllm_ros.core.engine.base import EngineOutput, EngineRequest, KvUsage, StepTiming
 from timelyllm_ros.core.engine.cost_model import EngineProfile
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 class PieceTokenizer:
@@ -140,10 +169,24 @@ class _Sequence:
     block_hashes: list[int] = field(default_factory=list)  # of the leading full, committed blocks
     num_computed: int = 0  # tokens whose KV is in `blocks`
     reported_cache: bool = False
+    # Resumed after a pause: tokens restorable from the host copy (swap) at admission.
+    swap_tokens: int = 0
 
     @property
     def generated(self) -> int:
         return len(self.tokens) - self.prompt_len
+
+
+PRESERVE, DISCARD, SWAP = "preserve", "discard", "swap"
+PAUSE_HANDLINGS = (PRESERVE, DISCARD, SWAP)
+
+
+@dataclass(eq=False)
+class _Paused:
+    seq: _Sequence
+    handling: str
+    since: float
+    host_tokens: int = 0  # swap: tokens of context held on the host
 
 
 class SimulatedEngine:
@@ -158,6 +201,8 @@ class SimulatedEngine:
         start_time: float = 0.0,
         max_num_seqs: int = 256,
         tokenizer: PieceTokenizer | None = None,
+        kv_bytes_per_token: float = 131072.0,
+        host_link_bytes_per_s: float = 25e9,
     ) -> None:
         self.profile = profile if profile is not None else EngineProfile()
         if max_num_seqs < 1:
@@ -171,6 +216,17 @@ class SimulatedEngine:
         self._running: list[_Sequence] = []
         self._by_id: dict[str, _Sequence] = {}
         self._last_timing = StepTiming()
+        if not (kv_bytes_per_token > 0 and host_link_bytes_per_s > 0):
+            raise ValueError("kv_bytes_per_token and host_link_bytes_per_s must be > 0")
+        self.kv_bytes_per_token = float(kv_bytes_per_token)
+        self.host_link_bytes_per_s = float(host_link_bytes_per_s)
+        self._paused: dict[str, _Paused] = {}  # insertion order = oldest pause first
+        self._pending_swap_s = 0.0
+        self.pause_stats: dict[str, float] = {
+            PRESERVE: 0, DISCARD: 0, SWAP: 0, "preserve_revoked": 0, "swap_out_tokens": 0,
+            "swap_in_tokens": 0, "swap_out_s": 0.0, "swap_in_s": 0.0,
+            "preserved_block_s": 0.0,  # integral of pinned blocks over (virtual) time
+        }
 
     # ---- clock ----
 
@@ -195,6 +251,9 @@ class SimulatedEngine:
     # ---- requests ----
 
     def add_request(self, request: EngineRequest) -> None:
+        self._waiting.append(self._new_sequence(request))
+
+    def _new_sequence(self, request: EngineRequest) -> _Sequence:
         rid = request.request_id
         if rid in self._by_id:
             raise ValueError(f"request {rid!r} is already in the engine")
@@ -210,12 +269,18 @@ class SimulatedEngine:
             raise ValueError(f"request {rid!r}: prompt needs more KV blocks than the engine has")
         if request.max_tokens < 1:
             raise ValueError(f"request {rid!r}: max_tokens must be >= 1")
+        if rid in self._paused:
+            raise ValueError(f"request {rid!r} is paused in the engine")
         script = self.tokenizer.tokenize(request.scripted_text or "")
         seq = _Sequence(request, prompt, len(prompt), script)
         self._by_id[rid] = seq
-        self._waiting.append(seq)
+        return seq
 
     def abort_request(self, request_id: str) -> None:
+        paused = self._paused.pop(request_id, None)
+        if paused is not None:
+            self._free_blocks(paused.seq)  # no-op unless preserved
+            return
         seq = self._by_id.pop(request_id, None)
         if seq is None:
             return
@@ -224,6 +289,97 @@ class SimulatedEngine:
         else:
             self._waiting.remove(seq)
         self._free_blocks(seq)
+
+    # ---- pauses (see module docstring) ----
+
+    def suspend_request(self, request_id: str, handling: str) -> None:
+        """Stop a request at a pause, keeping its KV as `handling` says (see module docstring).
+        A request that has not been admitted yet holds nothing: it is simply aborted."""
+        if handling not in PAUSE_HANDLINGS:
+            raise ValueError(f"handling must be one of {PAUSE_HANDLINGS}, got {handling!r}")
+        seq = self._by_id.get(request_id)
+        if seq is None:
+            return
+        if handling == DISCARD or seq not in self._running:
+            self.abort_request(request_id)
+            self.pause_stats[DISCARD] += 1
+            return
+        del self._by_id[request_id]
+        self._running.remove(seq)
+        self.pause_stats[handling] += 1
+        paused = _Paused(seq, handling, self._clock)
+        if handling == SWAP:
+            bs = self._block_size
+            out_tokens = 0
+            for i, block in enumerate(seq.blocks):
+                if self._pool.ref[block] == 1:  # blocks shared with others stay on the device
+                    out_tokens += max(0, min(bs, seq.num_computed - i * bs))
+            cost = self._swap_s(out_tokens)
+            self._pending_swap_s += cost
+            self.pause_stats["swap_out_tokens"] += out_tokens
+            self.pause_stats["swap_out_s"] += cost
+            paused.host_tokens = seq.num_computed
+            self._free_blocks(seq)
+        self._paused[request_id] = paused
+
+    def resume_request(self, request_id: str, request: EngineRequest) -> None:
+        """Continue paused `request_id` as `request` (prompt = old prompt + kept tokens); an id
+        that is not paused (or was revoked) is an ordinary `add_request`."""
+        paused = self._paused.get(request_id)
+        seq = self._new_sequence(request)  # validates before anything is released
+        self._paused.pop(request_id, None)
+        if paused is None:
+            self._waiting.append(seq)
+            return
+        old = paused.seq
+        common = _common_prefix(old.tokens, seq.tokens)
+        if paused.handling == PRESERVE and old.blocks:
+            self.pause_stats["preserved_block_s"] += len(old.blocks) * (self._clock - paused.since)
+            bs = self._block_size
+            # The last prompt token is always computed again (its logits start the generation).
+            keep = min(old.num_computed, common, len(seq.tokens) - 1)
+            nb = math.ceil(keep / bs)
+            if keep % bs and nb and self._pool.hash_of[old.blocks[nb - 1]] is not None:
+                # Cut inside a committed (shareable) block: never write into it.
+                nb -= 1
+                keep = nb * bs
+            for block in reversed(old.blocks[nb:]):
+                self._pool.release(block)
+            seq.blocks = old.blocks[:nb]
+            seq.block_hashes = old.block_hashes[:keep // bs]
+            seq.num_computed = keep
+            old.blocks, old.block_hashes = [], []
+            self._waiting.insert(0, seq)
+            return
+        if paused.handling == SWAP:
+            seq.swap_tokens = min(paused.host_tokens, common, len(seq.tokens) - 1)
+        self._waiting.append(seq)
+
+    def num_paused(self) -> int:
+        return len(self._paused)
+
+    def paused_handling(self, request_id: str) -> str | None:
+        paused = self._paused.get(request_id)
+        return None if paused is None else paused.handling
+
+    def pinned_blocks(self) -> int:
+        """Blocks held by preserved (paused) requests."""
+        return sum(len(p.seq.blocks) for p in self._paused.values())
+
+    def _swap_s(self, tokens: int) -> float:
+        return tokens * self.kv_bytes_per_token / self.host_link_bytes_per_s
+
+    def _revoke_preserved(self) -> bool:
+        """Free the oldest preserved request's blocks (it resumes like a discarded one)."""
+        for paused in self._paused.values():
+            if paused.handling == PRESERVE:
+                self.pause_stats["preserved_block_s"] += len(paused.seq.blocks) * (
+                    self._clock - paused.since)
+                self._free_blocks(paused.seq)
+                paused.handling = DISCARD
+                self.pause_stats["preserve_revoked"] += 1
+                return True
+        return False
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._by_id)
@@ -241,7 +397,7 @@ class SimulatedEngine:
         return self._last_timing
 
     def shutdown(self) -> None:
-        for rid in list(self._by_id):
+        for rid in list(self._by_id) + list(self._paused):
             self.abort_request(rid)
 
     # ---- one iteration ----
@@ -249,7 +405,7 @@ class SimulatedEngine:
     def step(self) -> list[EngineOutput]:
         preempted = self._reserve_decode_blocks()
         decoding = list(self._running)
-        admitted, cached_now = ([], {}) if preempted else self._admit_waiting()
+        admitted, cached_now, swap_in_s = ([], {}, 0.0) if preempted else self._admit_waiting()
 
         prefill_tokens = 0
         for seq in admitted:
@@ -260,6 +416,11 @@ class SimulatedEngine:
         batch = decoding + admitted
         context = sum(seq.num_computed for seq in batch)
         duration = self.profile.step_s(prefill_tokens, len(batch), context)
+        swap_s = 0.0
+        if batch:
+            swap_s = self._pending_swap_s + swap_in_s
+            self._pending_swap_s = 0.0
+            duration += swap_s
         self._clock += duration
         self._last_timing = StepTiming(
             duration_s=duration,
@@ -270,6 +431,7 @@ class SimulatedEngine:
                 "admitted": [s.request.request_id for s in admitted],
                 "preempted": preempted,
                 "cached_tokens": sum(cached_now.values()),
+                "swap_s": swap_s,
             },
         )
 
@@ -292,6 +454,8 @@ class SimulatedEngine:
             seq = self._running[i]
             need = self._blocks_for(seq.num_computed + 1) - len(seq.blocks)
             while need > self._pool.num_free():
+                if self._revoke_preserved():
+                    continue
                 victim = self._running.pop()
                 self._preempt(victim)
                 preempted.append(victim.request.request_id)
@@ -308,28 +472,49 @@ class SimulatedEngine:
         self._free_blocks(seq)
         self._waiting.insert(0, seq)
 
-    def _admit_waiting(self) -> tuple[list[_Sequence], dict[str, int]]:
+    def _admit_waiting(self) -> tuple[list[_Sequence], dict[str, int], float]:
         admitted: list[_Sequence] = []
         cached: dict[str, int] = {}
+        swap_in_s = 0.0
+        bs = self._block_size
         while self._waiting and len(self._running) < self.max_num_seqs:
             seq = self._waiting[0]
-            hits = self._prefix_hits(seq)
-            need_new = self._blocks_for(len(seq.tokens)) - len(hits)
-            reclaimed = sum(1 for b, _ in hits if self._pool.ref[b] == 0)
+            if seq.blocks:  # resumed after a preserved pause: it still holds its blocks
+                hits = []
+                need_new = self._blocks_for(len(seq.tokens)) - len(seq.blocks)
+                reclaimed = 0
+            else:
+                hits = self._prefix_hits(seq)
+                need_new = self._blocks_for(len(seq.tokens)) - len(hits)
+                reclaimed = sum(1 for b, _ in hits if self._pool.ref[b] == 0)
             if need_new > self._pool.num_free() - reclaimed:
+                if not self._running and not admitted and self._revoke_preserved():
+                    continue  # nothing else would ever free blocks for it
                 break
             self._waiting.pop(0)
-            for block, block_hash in hits:
-                self._pool.touch(block)
-                seq.blocks.append(block)
-                seq.block_hashes.append(block_hash)
+            if seq.blocks:
+                computed = seq.num_computed
+            else:
+                for block, block_hash in hits:
+                    self._pool.touch(block)
+                    seq.blocks.append(block)
+                    seq.block_hashes.append(block_hash)
+                computed = len(hits) * bs
+                if seq.swap_tokens > computed:  # the rest of the host copy is copied back
+                    tokens_in = seq.swap_tokens - computed
+                    cost = self._swap_s(tokens_in)
+                    swap_in_s += cost
+                    self.pause_stats["swap_in_tokens"] += tokens_in
+                    self.pause_stats["swap_in_s"] += cost
+                    computed = seq.swap_tokens
+                seq.swap_tokens = 0
             for _ in range(need_new):
                 seq.blocks.append(self._pool.allocate())
-            seq.num_computed = len(hits) * self._block_size
+            seq.num_computed = computed
             cached[seq.request.request_id] = seq.num_computed
             self._running.append(seq)
             admitted.append(seq)
-        return admitted, cached
+        return admitted, cached, swap_in_s
 
     def _prefix_hits(self, seq: _Sequence) -> list[tuple[int, int]]:
         """Leading cached blocks of the sequence; the last token is always recomputed for logits."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -19,9 +19,124 @@ DISPATCH_MODES = ("whole", "stream", "segment")
 DEFAULT_GEN_TIME_S = 0.09
 
 
+# What to do with a suspended generation's KV cache while its robot executes a segment (LAMPS).
+PRESERVE = "preserve"   # keep the blocks allocated (pinned) until the generation resumes
+DISCARD = "discard"     # free them (evictable prefix cache); recompute what is evicted on resume
+SWAP = "swap"           # copy them to host memory and back on resume
+PAUSE_HANDLINGS = (PRESERVE, DISCARD, SWAP)
+
+
+@dataclass(frozen=True)
+class SchedulerContext:
+    """What a policy may know about the engine when the scheduler builds its controllers.
+
+    profile: the engine's cost model (EngineProfile) when it has one (simulated engine), else
+        None (real engine: policies fall back to the default profile or a `profile` parameter).
+    supports_pause_handling: the engine implements `suspend_request` / `resume_request`
+        (preserve and swap); without it every suspension is a discard (abort + resubmit).
+    kv_bytes_per_token, host_link_bytes_per_s: KV size and host-link bandwidth used to price a
+        swap (the simulated engine's own values when it has them).
+    """
+
+    engine_name: str
+    kv_block_size: int
+    kv_total_blocks: int
+    max_segment_tokens: int
+    max_num_seqs: int | None = None
+    profile: Any = None
+    supports_pause_handling: bool = False
+    kv_bytes_per_token: float = 131072.0
+    host_link_bytes_per_s: float = 25e9
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.kv_block_size * self.kv_total_blocks
+
+    def t_swap(self, tokens: float) -> float:
+        """Seconds to copy `tokens` tokens of KV one way over the host link."""
+        return float(tokens) * self.kv_bytes_per_token / self.host_link_bytes_per_s
+
+
+@dataclass(frozen=True)
+class PauseInfo:
+    """One suspension, as `Policy.pause_handling` sees it (token counts are KV tokens).
+
+    context_tokens: C_i, the generation's prompt + everything it generated so far.
+    other_tokens: C_other, the context of the other generations in the running batch.
+    pause_s: the execution-time model's (minimum) estimate of how long the robot needs before
+        it wants the next segment: the pause the KV must survive if nothing resumes it earlier.
+    eligible_in_s: how long until the scheduler may resume it (0 without a resume lead).
+    """
+
+    task_id: str
+    context_tokens: int
+    other_tokens: int
+    pause_s: float
+    eligible_in_s: float
+    segment_index: int
+    is_urgent: bool
+    context: SchedulerContext
+
+    @property
+    def batch_tokens(self) -> int:
+        return self.context_tokens + self.other_tokens
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """One engine step, reported to `Policy.on_step`."""
+
+    step: int
+    duration_s: float
+    batch_size: int
+    prefill_tokens: int
+    context_tokens: int  # sum of the running generations' contexts after the step
+
+
+class AdmissionController(Protocol):
+    """What the scheduler asks before each admission (see core.admission for the generic form).
+
+    Generic: `may_admit(running_budgets, rate, free_kv_blocks, blocks_needed) -> (ok, why)`.
+    Candidate-aware (seed policies) additionally define
+    `may_admit_candidate(batch, candidate, free_kv_blocks) -> (ok, why)` and optionally
+    `begin_pass(admission_pass)`, and the attribute `skip_refused` (True: a refusal skips the
+    candidate and the walk goes on; False/absent: the walk stops at the first refusal).
+    """
+
+    def may_admit(self, running, rate, free_kv_blocks: int, blocks_needed: int) -> tuple[bool, str]: ...
+
+    def note_admission(self) -> None: ...
+
+    def note_step(self) -> None: ...
+
+
+class Gate(Protocol):
+    """Holds admissions (prefills) back for a while (003's Lagrangian prefill/decode gate).
+    `seeds.hybrid.PrefillDecodeGate` implements it."""
+
+    def decide(self, waiting_prompt_tokens: Sequence[float], decoding: int) -> str: ...
+
+    def note_decode_round(self, decoding: int) -> None: ...
+
+    def note_prefill(self) -> None: ...
+
+
 @dataclass
 class Policy:
-    """Base policy. Subclasses implement `priorities`; higher values are served first."""
+    """Base policy. Subclasses implement `priorities`; higher values are served first.
+
+    Optional extension points (the seed policies use them; the defaults keep the scheduler's
+    original behaviour, and the scheduler skips hooks a policy does not override):
+
+    - `make_admission(ctx)`: the policy's own admission controller, or None for the scheduler's
+      default (latency-guided when `latency_guided_admission`, else KV blocks only);
+    - `make_gate(ctx)`: a `Gate` consulted before each admission pass, or None;
+    - `pause_handling(pause)`: preserve / discard / swap for each suspension (default discard:
+      abort and resubmit with the token ids, served mostly from the prefix cache);
+    - `on_admitted(view, rows, now)`: after each admission pass, the view rows admitted;
+    - `on_step(step)`: after each engine step;
+    - `on_task_end(task_seq)`: a task left the scheduler for good (forget its state).
+    """
 
     name: str = "policy"
     dispatch: str = "segment"
@@ -45,6 +160,25 @@ class Policy:
         if len(view) == 0:
             return None
         return int(np.argmax(self.priorities(view, now)))
+
+    # ---- extension points (see the class docstring) ----
+    def make_admission(self, ctx: SchedulerContext) -> AdmissionController | None:
+        return None
+
+    def make_gate(self, ctx: SchedulerContext) -> Gate | None:
+        return None
+
+    def pause_handling(self, pause: PauseInfo) -> str:
+        return DISCARD
+
+    def on_admitted(self, view: QueueView, rows: Sequence[int], now: float) -> None:
+        pass
+
+    def on_step(self, step: StepInfo) -> None:
+        pass
+
+    def on_task_end(self, task_seq: int) -> None:
+        pass
 
 
 @dataclass

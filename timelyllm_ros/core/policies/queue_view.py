@@ -25,7 +25,15 @@ COLUMNS: tuple[tuple[str, Any], ...] = (
     ("segment_index", np.int64),
     ("task_ert_s", np.float64),
     ("is_urgent", np.bool_),
+    # Columns the scheduler fills for size-aware policies (seed policies; 0 when unknown).
+    ("task_seq", np.int64),
+    ("context_tokens", np.int64),
+    ("bound_tokens", np.int64),
+    ("prefill_tokens", np.int64),
+    ("pause_s", np.float64),
 )
+# Size columns: optional in rows (default 0), filled by the scheduler.
+SIZE_COLUMNS = ("task_seq", "context_tokens", "bound_tokens", "prefill_tokens", "pause_s")
 COLUMN_NAMES = tuple(name for name, _ in COLUMNS)
 _REQUIRED = ("arrival_s", "reference_s", "ert_s", "slope", "initial_utility")
 
@@ -43,6 +51,19 @@ class QueueView:
     segment_index: j, the index of the segment to generate next.
     task_ert_s: the task's original ERT (EDF keeps the first segment's deadline).
     is_urgent: the task asked for an urgent TUF level.
+
+    Filled by the scheduler for size-aware policies (MC-SF, LAMPS, BROS, hybrid; 0 in rows built
+    without them):
+    task_seq: the task's submission index (stable identity across suspensions; ties in the
+        scheduler's order are broken by it).
+    context_tokens: prompt + tokens generated so far (what the generation's KV holds on resume).
+    bound_tokens: most tokens the next run may generate before the scheduler can suspend it,
+        min(max_segment_tokens, tokens left in the plan): MC-SF's hard output bound.
+    prefill_tokens: estimated prompt tokens the engine must compute on admission (context not
+        expected in the prefix cache: the skill set's shared prompt and, for a resumed
+        generation, the previous run's full blocks are assumed cached).
+    pause_s: predicted robot execution time of the segment this run will produce (historical
+        mean of the task's skill set; LAMPS's T_INT for the pause after the run).
     """
 
     enqueued_s: np.ndarray
@@ -54,6 +75,11 @@ class QueueView:
     segment_index: np.ndarray
     task_ert_s: np.ndarray
     is_urgent: np.ndarray
+    task_seq: np.ndarray
+    context_tokens: np.ndarray
+    bound_tokens: np.ndarray
+    prefill_tokens: np.ndarray
+    pause_s: np.ndarray
 
     def __len__(self) -> int:
         return self.arrival_s.shape[0]
@@ -83,13 +109,16 @@ def _normalise_row(row: Mapping[str, Any]) -> dict[str, Any]:
     # A row without task_ert_s is taken to be a first segment, whose ERT is the task's.
     out.setdefault("task_ert_s", out["ert_s"])
     out.setdefault("is_urgent", False)
+    for name in SIZE_COLUMNS:
+        out.setdefault(name, 0)
     return out
 
 
 def initial_row(tuf: TUF, arrival_s: float, *, enqueued_s: float | None = None,
-                is_urgent: bool = False) -> dict[str, Any]:
-    """Row of a task's first generation: r is the arrival, the task's own ERT applies."""
-    return {
+                is_urgent: bool = False, **sizes: Any) -> dict[str, Any]:
+    """Row of a task's first generation: r is the arrival, the task's own ERT applies.
+    `sizes`: any of SIZE_COLUMNS."""
+    return {**_sizes(sizes),
         "enqueued_s": arrival_s if enqueued_s is None else enqueued_s,
         "arrival_s": arrival_s,
         "reference_s": arrival_s,
@@ -103,12 +132,13 @@ def initial_row(tuf: TUF, arrival_s: float, *, enqueued_s: float | None = None,
 
 
 def suspended_row(tuf: TUF, arrival_s: float, previous_done_s: float, segment_index: int, *,
-                  enqueued_s: float, is_urgent: bool = False) -> dict[str, Any]:
+                  enqueued_s: float, is_urgent: bool = False, **sizes: Any) -> dict[str, Any]:
     """Row of a suspended generation (§4.2): ERT 0, waiting counted from the (estimated)
-    completion of the previous segment. `tuf` is the task's original TUF."""
+    completion of the previous segment. `tuf` is the task's original TUF. `sizes`: any of
+    SIZE_COLUMNS."""
     if segment_index < 1:
         raise ValueError("a suspended generation has segment_index >= 1")
-    return {
+    return {**_sizes(sizes),
         "enqueued_s": enqueued_s,
         "arrival_s": arrival_s,
         "reference_s": previous_done_s,
@@ -119,6 +149,13 @@ def suspended_row(tuf: TUF, arrival_s: float, previous_done_s: float, segment_in
         "task_ert_s": tuf.ert_s,
         "is_urgent": is_urgent,
     }
+
+
+def _sizes(sizes: Mapping[str, Any]) -> dict[str, Any]:
+    unknown = set(sizes) - set(SIZE_COLUMNS)
+    if unknown:
+        raise KeyError(f"unknown size column(s) {sorted(unknown)}; size columns: {SIZE_COLUMNS}")
+    return {**{name: 0 for name in SIZE_COLUMNS}, "pause_s": 0.0, **sizes}
 
 
 class QueueArrays:
