@@ -83,6 +83,10 @@ class RunningGen:
     bound_tokens: int      # most tokens this run may generate (the segment bound at admission)
     deadline_s: float      # when its current segment is due (TUF ERT / robot done estimate)
     is_urgent: bool
+    # Leading full blocks of its prompt shared with its skill set's fixed prompt (the part the
+    # prefix cache stores once for all generations of `skill_set`).
+    skill_set: str = ""
+    shared_tokens: int = 0
 
     @property
     def remaining_tokens(self) -> int:
@@ -102,6 +106,8 @@ class Candidate:
     deadline_s: float
     is_urgent: bool
     segment_index: int
+    skill_set: str = ""
+    shared_tokens: int = 0
 
 
 @dataclass
@@ -115,6 +121,7 @@ class AdmissionPass:
     running: list[RunningGen]
     free_kv_blocks: int
     block_size: int
+    rate: float | None = None  # measured decode speed of one generation (tokens/s)
 
 
 class CappedAdmission:
@@ -131,7 +138,9 @@ class CappedAdmission:
 
     def may_admit(self, running, rate, free_kv_blocks, blocks_needed):
         ok, why = self.cap.may_admit(running, rate, free_kv_blocks, blocks_needed)
-        return self.inner.may_admit(running, rate, free_kv_blocks, blocks_needed) if ok else (ok, why)
+        if not ok:
+            return ok, why
+        return self.inner.may_admit(running, rate, free_kv_blocks, blocks_needed)
 
     def _candidate(self, batch, candidate, free_kv_blocks):
         if len(batch) >= self.cap.cap:
@@ -206,8 +215,12 @@ class SegmentScheduler:
         self.pause_counts: dict[str, int] = {h: 0 for h in PAUSE_HANDLINGS}
         # Engine request id -> most tokens that run may generate (RunningGen.bound_tokens).
         self._run_bound: dict[str, int] = {}
-        # Skill set -> token ids of its fixed prompt (the prefix the cache shares across tasks).
-        self._shared_prefix: dict[str, int] = {}
+        # Skill set -> token ids of its fixed prompt (the prefix the cache shares across tasks),
+        # and task id -> tokens of its prompt shared that way (full blocks).
+        self._shared_prefix: dict[str, list[int]] = {}
+        self._shared_of: dict[str, int] = {}
+        # Admission passes the policy's gate held back.
+        self.gate_holds = 0
         # Skill set -> [sum, count] of reported segment durations, and of estimates until then.
         self._seg_time: dict[str, list[float]] = {}
         self._prompt_cache: dict[str, list[int]] = {}
@@ -276,10 +289,11 @@ class SegmentScheduler:
         self.tasks[spec.task_id] = task
         self._active[spec.task_id] = task
         task.lifecycle.accept(now)
+        shared = self._shared_of[spec.task_id] = self._shared_prefix_len(skill_set,
+                                                                          task.prompt_ids)
         task.queue_slot = self._queue.add(
             initial_row(spec.tuf, spec.arrival_s, enqueued_s=now, is_urgent=spec.is_urgent,
-                        **self._sizes(task, skill_set, cached=self._shared_prefix_len(
-                            skill_set, task.prompt_ids))),
+                        **self._sizes(task, skill_set, cached=shared)),
             key=spec.task_id)
         self._emit(task)
         return task
@@ -433,6 +447,7 @@ class SegmentScheduler:
             return
         if self._gate is not None and self._gate.decide(
                 view.prefill_tokens[rows], len(self._running)) != "prefill":
+            self.gate_holds += 1
             self._record_overhead(started)
             if self._hook_admitted:
                 self.policy.on_admitted([], now)
@@ -476,7 +491,7 @@ class SegmentScheduler:
         urgent = view.is_urgent[rows]
         begin = getattr(self._admission, "begin_pass", None)
         if begin is not None:
-            begin(AdmissionPass(now, view, rows, keys, batch, free, block_size))
+            begin(AdmissionPass(now, view, rows, keys, batch, free, block_size, self._rate.rate))
         self._record_overhead(started)
         admitted = []
         for j, task_id in enumerate(keys):
@@ -484,7 +499,8 @@ class SegmentScheduler:
             need = self._blocks_needed(task)
             cand = Candidate(task_id, task.submit_index, _context_of(task), int(bounds[j]),
                              int(prefill[j]), need, float(deadlines[j]), bool(urgent[j]),
-                             int(seg_index[j]))
+                             int(seg_index[j]), task.spec.skill_set,
+                             self._shared_of.get(task_id, 0))
             ok, _why = self._admission.may_admit_candidate(batch, cand, free)
             if not ok:
                 if self._skip_refused:
@@ -494,7 +510,8 @@ class SegmentScheduler:
             self._admission.note_admission()
             if task.engine_request_id is not None:
                 batch.append(RunningGen(task_id, cand.context_tokens, 0, cand.bound_tokens,
-                                        cand.deadline_s, cand.is_urgent))
+                                        cand.deadline_s, cand.is_urgent, cand.skill_set,
+                                        cand.shared_tokens))
                 free -= need
             admitted.append(task.submit_index)
         return admitted
@@ -504,7 +521,8 @@ class SegmentScheduler:
         for rid, task in self._running.items():
             out.append(RunningGen(task.task_id, _context_of(task), task.tokens_this_run,
                                   self._run_bound.get(rid, 0), self._deadline_of(task, now),
-                                  task.spec.is_urgent))
+                                  task.spec.is_urgent, task.spec.skill_set,
+                                  self._shared_of.get(task.task_id, 0)))
         return out
 
     def _deadline_of(self, task: TaskRecord, now: float) -> float:
@@ -778,6 +796,7 @@ class SegmentScheduler:
     def _forget_old(self, task: TaskRecord) -> None:
         """Book-keeping once `task` is terminal."""
         self._active.pop(task.task_id, None)
+        self._shared_of.pop(task.task_id, None)
         if self._hook_task_end:
             self.policy.on_task_end(task.submit_index)
         limit = self.config.max_finished_tasks

@@ -40,7 +40,7 @@ class VllmEngineConfig:
     # Greedy decoding keeps plans reproducible; structured outputs keep them executable.
     temperature: float = 0.0
     # Small models fall into loops of one statement; a mild penalty keeps plans moving.
-    repetition_penalty: float = 1.0
+    repetition_penalty: float = 1.15
     # Automatic prefix caching. Segmented generation needs it (a resumed generation's prompt is
     # served from the cache instead of being prefilled again); False gives the paper's vLLM
     # baseline (vLLM V0, 2024, had it off by default), e.g. `timelyllm bench

@@ -103,7 +103,8 @@ class AdmissionController(Protocol):
     candidate and the walk goes on; False/absent: the walk stops at the first refusal).
     """
 
-    def may_admit(self, running, rate, free_kv_blocks: int, blocks_needed: int) -> tuple[bool, str]: ...
+    def may_admit(self, running, rate, free_kv_blocks: int,
+                  blocks_needed: int) -> tuple[bool, str]: ...
 
     def note_admission(self) -> None: ...
 

@@ -49,3 +49,8 @@ register_policy("timelyllm", _fixed(TimelyPolicy, name="timelyllm", slack_scalin
 for _scaling in slack_scaling_names():
     register_policy(f"timelyllm-{_scaling}",
                     _fixed(TimelyPolicy, name=f"timelyllm-{_scaling}", slack_scaling=_scaling))
+
+# The seed papers' policies (001-004) and their combinations with TimelyLLM (docs/policies.md).
+from .seed_policies import register_seed_policies  # noqa: E402 - needs register_policy above
+
+register_seed_policies(register_policy, _fixed)
