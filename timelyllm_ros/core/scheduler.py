@@ -150,8 +150,8 @@ class CappedAdmission:
     def note_admission(self) -> None:
         self.inner.note_admission()
 
-    def note_step(self) -> None:
-        self.inner.note_step()
+    def note_step(self, duration_s: float | None = None, batch_size: int | None = None) -> None:
+        self.inner.note_step(duration_s, batch_size)
 
 
 @dataclass
@@ -375,7 +375,7 @@ class SegmentScheduler:
         timing = self.engine.last_step_timing()
         if timing.duration_s > 0 and outputs:
             self._rate.record(timing.duration_s, 1)
-        self._admission.note_step()
+        self._admission.note_step(timing.duration_s, timing.batch_size)
         if self._gate is not None and timing.batch_size > 0:
             self._gate.note_decode_round(timing.batch_size)
         if self._hook_step:
@@ -540,8 +540,11 @@ class SegmentScheduler:
                 free += pinned()
         return free
 
-    def _running_budgets(self, now: float) -> list[tuple[int, float]]:
-        return [(task.tokens_this_run, self._deadline_of(task, now) - now)
+    def _running_budgets(self, now: float) -> list[tuple[int, float, int]]:
+        # (tokens so far, remaining budget, this generation's own segment bound): in a mixed
+        # fleet a drone segment is bounded by 10 tokens, a chat one by 60.
+        return [(task.tokens_this_run, self._deadline_of(task, now) - now,
+                 self._skill_set_of(task.spec).max_segment_tokens)
                 for task in self._running.values()]
 
     def _blocks_needed(self, task: TaskRecord) -> int:

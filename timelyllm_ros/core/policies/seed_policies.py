@@ -123,7 +123,7 @@ class McsfLookaheadAdmission:
     def note_admission(self) -> None:
         pass
 
-    def note_step(self) -> None:
+    def note_step(self, duration_s: float | None = None, batch_size: int | None = None) -> None:
         pass
 
 
@@ -194,9 +194,9 @@ class AllOfAdmission:
         for c in self.controllers:
             c.note_admission()
 
-    def note_step(self) -> None:
+    def note_step(self, duration_s: float | None = None, batch_size: int | None = None) -> None:
         for c in self.controllers:
-            c.note_step()
+            c.note_step(duration_s, batch_size)
 
 
 @dataclass
@@ -286,7 +286,7 @@ class BrosAdmission:
     def note_admission(self) -> None:
         pass
 
-    def note_step(self) -> None:
+    def note_step(self, duration_s: float | None = None, batch_size: int | None = None) -> None:
         pass
 
 

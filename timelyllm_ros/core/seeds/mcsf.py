@@ -531,7 +531,7 @@ class McsfAdmission:
     def note_admission(self) -> None:
         pass
 
-    def note_step(self) -> None:
+    def note_step(self, duration_s: float | None = None, batch_size: int | None = None) -> None:
         pass
 
 
