@@ -52,7 +52,7 @@ def format_table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="timelyllm demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--policy", default="timelyllm")
+    parser.add_argument("--policy", default="timelyllm-bros")
     parser.add_argument("--description", type=Path, default=REPO_ROOT / "launch" / "demo.nodes.yaml")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "out" / "demo")
     parser.add_argument("--startup-timeout", type=float, default=300.0)

@@ -84,6 +84,11 @@ class PlannerNode(Node):
             # A planner runs for days: keep recent finished tasks (for duplicate-id checks and
             # status queries), not all of them.
             max_finished_tasks=10_000)
+        self._engine_profile = None
+        if p["engine.profile"]:
+            from timelyllm_ros.core.engine.cost_model import EngineProfile
+
+            self._engine_profile = EngineProfile.from_yaml(config_dir / p["engine.profile"])
         self._engine_kind = p["engine.kind"]
         self._scripted_plans: dict[str, str] = {}
         if self._engine_kind == "sim":
@@ -119,7 +124,7 @@ class PlannerNode(Node):
     # ------------------------------------------------------------------ parameters
     def _declare_parameters(self) -> dict[str, Any]:
         defaults = {
-            "policy": "timelyllm",
+            "policy": "timelyllm-bros",
             "model": "",
             "config_dir": "",
             "exec_model": "",
@@ -133,6 +138,10 @@ class PlannerNode(Node):
             # plan, looked up by the goal's instruction in lrtrace/traces.yaml.
             "engine.kind": "vllm",
             "engine.sim_profile": "",
+            # Cost model of the real engine (from `timelyllm profile`), relative to config_dir;
+            # policies that predict step times (bros, hybrid, lamps and their combinations)
+            # use it. Empty = their default (the paper's GPU profile).
+            "engine.profile": "",
         }
         values = {}
         for name, default in defaults.items():
@@ -200,6 +209,8 @@ class PlannerNode(Node):
                 f"loading {self._engine_kind} engine ({getattr(self._engine_config, 'model', 'cost model')}, "
                 f"policy {self._policy_name})")
             engine = self._engine_factory(self._engine_config)
+            if self._engine_profile is not None and getattr(engine, "profile", None) is None:
+                engine.profile = self._engine_profile
             self._time_bridge = ClockBridge(engine_now=engine.now)
             scheduler = SegmentScheduler(engine, self._policy, self._skill_sets, self._exec_model,
                                          _RosListener(self), self._scheduler_config)

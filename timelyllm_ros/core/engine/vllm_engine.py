@@ -87,6 +87,9 @@ class VllmEngine:
         self._block_size = int(self._engine.vllm_config.cache_config.block_size)
         self._running: set[str] = set()
         self._last_timing = StepTiming()
+        # Measured cost model of this engine (`timelyllm profile`), for policies that predict
+        # step times (BROS, the hybrid gate, LAMPS); set by the owner when one is known.
+        self.profile = None
 
     def _find_block_pool(self):
         # Reached through the in-process client; with a multiprocess engine core it is not visible
