@@ -12,10 +12,12 @@ import functools
 import re
 
 from timelyllm_ros.core.skills.base import (
+    BracketedLanguage,
     ParsedSegment,
     SkillCall,
     SkillSyntaxError,
     Token,
+    scan_top_level,
     tokenize,
 )
 
@@ -39,41 +41,17 @@ _TOKEN_RE = re.compile(
 )
 
 
+def _after_call(text: str, close: int, nxt: int) -> int | None:
+    # Wait for the arrow (or its absence) to show before cutting, so the boundary does not
+    # depend on how the text was split into tokens.
+    if nxt == len(text) or (text[nxt] == "-" and nxt + 1 == len(text)):
+        return None
+    return nxt + 2 if text.startswith("->", nxt) else close + 1
+
+
 def _scan(text: str, start: int) -> tuple[int | None, int, str | None, bool]:
     """(boundary or None, paren depth, open quote, whether any text was seen) from `start`."""
-    depth = 0
-    quote: str | None = None
-    content = False
-    n = len(text)
-    i = start
-    while i < n:
-        c = text[i]
-        if quote is not None:
-            if c == quote:
-                quote = None
-        elif c in "'\"":
-            quote = c
-            content = True
-        elif c == "(":
-            depth += 1
-            content = True
-        elif c == ")":
-            depth -= 1
-            if depth <= 0:
-                j = i + 1
-                while j < n and text[j].isspace():
-                    j += 1
-                # Wait for the arrow (or its absence) to show before cutting, so the boundary
-                # does not depend on how the text was split into tokens.
-                if j == n or (text[j] == "-" and j + 1 == n):
-                    return None, depth, None, True
-                if text.startswith("->", j):
-                    return j + 2, depth, None, True
-                return i + 1, depth, None, True
-        elif not c.isspace():
-            content = True
-        i += 1
-    return None, depth, quote, content
+    return scan_top_level(text, start, opener="(", closer=")", after_close=_after_call)
 
 
 class _Parser:
@@ -154,19 +132,11 @@ class _Parser:
         return SkillCall(head.text, tuple(t.text for t in args), self.text[head.pos : close.end])
 
 
-class ArmLanguage:
+class ArmLanguage(BracketedLanguage):
     name = "arm"
 
-    def next_boundary(self, text: str, start: int) -> int | None:
-        return _scan(text, start)[0]
-
-    def final_segment_end(self, text: str, start: int) -> int | None:
-        boundary, depth, quote, content = _scan(text, start)
-        if boundary is not None:
-            return boundary
-        if not content or quote is not None or depth > 0:
-            return None
-        return len(text)
+    def scan(self, text: str, start: int) -> tuple[int | None, int, str | None, bool]:
+        return _scan(text, start)
 
     def parse(self, segment_text: str) -> ParsedSegment:
         return ParsedSegment(segment_text, tuple(_Parser(segment_text).plan()))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Callable, Protocol
 
 
 class SkillSyntaxError(ValueError):
@@ -89,3 +89,69 @@ def tokenize(text: str, token_re: re.Pattern[str]) -> list[Token]:
             tokens.append(Token(m.lastgroup or "", m.group(), pos))
         pos = m.end()
     return tokens
+
+
+# after_close(text, closing_index, next_visible_index) -> statement end, or None to wait for more
+# text before deciding (what follows the outermost group decides where the statement ends).
+AfterClose = Callable[[str, int, int], "int | None"]
+
+
+def scan_top_level(text: str, start: int, *, opener: str, closer: str, after_close: AfterClose,
+                   separator: str | None = None) -> tuple[int | None, int, str | None, bool]:
+    """Walk from `start` to the end of the first complete top-level statement.
+
+    Shared by the languages whose statements nest in one kind of bracket: quoted text is skipped
+    (so `l,'a;b'` stays one statement), and a statement ends either at `separator` outside any
+    group or where `after_close` says once its outermost group closes. Returns
+    (boundary or None, final depth, open quote char, whether any statement text was seen).
+    """
+    depth = 0
+    quote: str | None = None
+    content = False
+    n = len(text)
+    i = start
+    while i < n:
+        c = text[i]
+        if quote is not None:
+            if c == quote:
+                quote = None
+        elif c in "'\"":
+            quote = c
+            content = True
+        elif c == opener:
+            depth += 1
+            content = True
+        elif c == closer:
+            depth -= 1
+            if depth <= 0:
+                j = i + 1
+                while j < n and text[j].isspace():
+                    j += 1
+                return after_close(text, i, j), depth, None, True
+        elif separator is not None and c == separator and depth == 0:
+            if content:
+                return i + 1, depth, None, True
+            # A stray leading separator is an empty statement; it rides along with the next one.
+        elif not c.isspace():
+            content = True
+        i += 1
+    return None, depth, quote, content
+
+
+class BracketedLanguage:
+    """Boundary finding for languages scanned with `scan_top_level`; subclasses define `scan`."""
+
+    def scan(self, text: str, start: int) -> tuple[int | None, int, str | None, bool]:
+        raise NotImplementedError
+
+    def next_boundary(self, text: str, start: int) -> int | None:
+        return self.scan(text, start)[0]
+
+    def final_segment_end(self, text: str, start: int) -> int | None:
+        boundary, depth, quote, content = self.scan(text, start)
+        if boundary is not None:
+            return boundary
+        if not content or quote is not None or depth > 0:
+            return None
+        # Structurally complete; whether it is valid is for parse() to report.
+        return len(text)

@@ -16,10 +16,12 @@ import re
 from dataclasses import dataclass
 
 from timelyllm_ros.core.skills.base import (
+    BracketedLanguage,
     ParsedSegment,
     SkillCall,
     SkillSyntaxError,
     Token,
+    scan_top_level,
     tokenize,
 )
 
@@ -240,64 +242,27 @@ class _Parser:
         )
 
 
+def _after_block(text: str, close: int, nxt: int) -> int | None:
+    # A `;` right after the block belongs to it; until the next visible character arrives we
+    # cannot know, and cutting early would make segments depend on how the text was chunked
+    # into tokens.
+    if nxt == len(text):
+        return None
+    return nxt + 1 if text[nxt] == ";" else close + 1
+
+
 def _scan(text: str, start: int) -> tuple[int | None, int, str | None, bool]:
-    """Walk from `start` to the first top-level boundary.
-
-    Returns (boundary or None, final brace depth, open quote char, whether any statement text
-    was seen). Quoted text is skipped so `l,'a;b'` stays one statement.
-    """
-    depth = 0
-    quote: str | None = None
-    content = False
-    n = len(text)
-    i = start
-    while i < n:
-        c = text[i]
-        if quote is not None:
-            if c == quote:
-                quote = None
-        elif c in "'\"":
-            quote = c
-            content = True
-        elif c == "{":
-            depth += 1
-            content = True
-        elif c == "}":
-            depth -= 1
-            if depth <= 0:
-                # A `;` right after the block belongs to it; until the next visible character
-                # arrives we cannot know, and cutting early would make segments depend on how
-                # the text was chunked into tokens.
-                j = i + 1
-                while j < n and text[j].isspace():
-                    j += 1
-                if j == n:
-                    return None, depth, None, True
-                return (j + 1 if text[j] == ";" else i + 1), depth, None, True
-        elif c == ";" and depth == 0:
-            if content:
-                return i + 1, depth, None, True
-            # A stray leading `;` is an empty statement; it rides along with the next one.
-        elif not c.isspace():
-            content = True
-        i += 1
-    return None, depth, quote, content
+    """Walk from `start` to the first top-level boundary: (boundary or None, final brace depth,
+    open quote char, whether any statement text was seen)."""
+    return scan_top_level(text, start, opener="{", closer="}", after_close=_after_block,
+                          separator=";")
 
 
-class MiniSpecLanguage:
+class MiniSpecLanguage(BracketedLanguage):
     name = "minispec"
 
-    def next_boundary(self, text: str, start: int) -> int | None:
-        return _scan(text, start)[0]
-
-    def final_segment_end(self, text: str, start: int) -> int | None:
-        boundary, depth, quote, content = _scan(text, start)
-        if boundary is not None:
-            return boundary
-        if not content or quote is not None or depth > 0:
-            return None
-        # Structurally complete; whether it is valid is for parse() to report.
-        return len(text)
+    def scan(self, text: str, start: int) -> tuple[int | None, int, str | None, bool]:
+        return _scan(text, start)
 
     def parse(self, segment_text: str) -> ParsedSegment:
         parser = _Parser(segment_text)
