@@ -304,13 +304,12 @@ class _FreeSlots:
 
 
 @dataclass
-class BrosPolicy(Policy):
-    """BROS (002) for a robot fleet. `be_slack_s`: a normal segment is BE while its slack
-    exceeds this; `b_base`: the adaptive batch size's base (the paper's 128 never binds at our
-    batch sizes, see docs/policies.md); `b_max`: its cap (default: the engine's max_num_seqs)."""
+class _BrosAdmissionParams:
+    """BROS's admission controller and its parameters, shared by `bros` and `timelyllm-bros`.
+    `be_slack_s`: a normal segment is BE while its slack exceeds this; `b_base`: the adaptive
+    batch size's base (the paper's 128 never binds at our batch sizes, see docs/policies.md);
+    `b_max`: its cap (default: the engine's max_num_seqs)."""
 
-    name: str = "bros"
-    dispatch: str = "segment"
     be_slack_s: float = 5.0
     b_base: int = 16
     b_max: int | None = None
@@ -325,22 +324,6 @@ class BrosPolicy(Policy):
         if self.b_base < 1:
             raise ValueError(f"b_base must be >= 1, got {self.b_base}")
         self._admission: BrosAdmission | None = None
-
-    @property
-    def t_avg_s(self) -> float:
-        return self._admission.scheduler.t_avg_s if self._admission else self.t_avg_init_s
-
-    def priorities(self, view: QueueView, now: float) -> np.ndarray:
-        from timelyllm_ros.core.seeds.bros import split_queue
-        k = np.maximum(view.bound_tokens, 1)
-        t_avg = self.t_avg_s
-        rt_rows, be_rows = split_queue(view, now, k - 1, t_avg_s=t_avg, be_slack_s=self.be_slack_s)
-        slack = np.add(view.reference_s, view.ert_s)
-        slack -= now + (k - 1) * t_avg
-        out = np.empty(len(view))
-        out[rt_rows] = 1e7 - slack[rt_rows]          # RT first, least slack first
-        out[be_rows] = -1e7 - view.arrival_s[be_rows]  # then BE in arrival order
-        return out
 
     def make_admission(self, ctx: SchedulerContext):
         self._admission = BrosAdmission(self, ctx)
@@ -360,30 +343,37 @@ class BrosPolicy(Policy):
 
 
 @dataclass
-class TimelyBrosPolicy(TimelyPolicy):
+class BrosPolicy(_BrosAdmissionParams, Policy):
+    """BROS (002) for a robot fleet: urgent or tight segments are RT (served by slack), the rest
+    BE (in arrival order), admitted by BROS's per-iteration selection."""
+
+    name: str = "bros"
+    dispatch: str = "segment"
+
+    @property
+    def t_avg_s(self) -> float:
+        return self._admission.scheduler.t_avg_s if self._admission else self.t_avg_init_s
+
+    def priorities(self, view: QueueView, now: float) -> np.ndarray:
+        from timelyllm_ros.core.seeds.bros import split_queue
+        k = np.maximum(view.bound_tokens, 1)
+        t_avg = self.t_avg_s
+        rt_rows, be_rows = split_queue(view, now, k - 1, t_avg_s=t_avg, be_slack_s=self.be_slack_s)
+        slack = np.add(view.reference_s, view.ert_s)
+        slack -= now + (k - 1) * t_avg
+        out = np.empty(len(view))
+        out[rt_rows] = 1e7 - slack[rt_rows]          # RT first, least slack first
+        out[be_rows] = -1e7 - view.arrival_s[be_rows]  # then BE in arrival order
+        return out
+
+
+@dataclass
+class TimelyBrosPolicy(_BrosAdmissionParams, TimelyPolicy):
     """TimelyLLM's priorities (PUD scaled by slack) with BROS's per-iteration selection as the
     admission controller instead of the latency-guided one (Tres check, BE packing, adaptive
-    batch size; parameters as in `BrosPolicy`)."""
+    batch size)."""
 
     name: str = "timelyllm-bros"
-    be_slack_s: float = 5.0
-    b_base: int = 16
-    b_max: int | None = None
-    t_avg_init_s: float = 0.025
-    t_avg_alpha: float = 0.2
-    profile: Any = None
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        self._admission: BrosAdmission | None = None
-
-    def make_admission(self, ctx: SchedulerContext):
-        self._admission = BrosAdmission(self, ctx)
-        return self._admission
-
-    def on_step(self, step: StepInfo) -> None:
-        if self._admission is not None and step.duration_s > 0:
-            self._admission.scheduler.observe(step.duration_s)
 
 
 # ============================================================================ 003: hybrid

@@ -564,23 +564,12 @@ class BidirectionalKV:
             raise KVFull(f"RT {req_id!r}: {n} slots requested, {self.rt_capacity(req_id)} reachable")
         blocks = self._blocks[req_id]
         ckpt = 0
-        while n > 0:
-            last = blocks[-1] if blocks else None
-            if last is not None:
-                room = self.size - int(self.rt_fill[last]) - int(self.be_fill[last])
-                if room > 0:
-                    take = min(n, room)
-                    self.rt_fill[last] += take
-                    n -= take
-                    continue
-            emp = self._empties()
-            cand = np.flatnonzero((self.rt_owner == -1) & (emp > 0))
-            if cand.size:
-                j = int(cand[np.argmax(emp[cand])])
-                self.rt_owner[j] = key
-                blocks.append(j)
-                continue
+        while True:
+            n = self._fill_empty(blocks, n, self.rt_fill, self.rt_owner, key)
+            if n == 0:
+                return ckpt
             # Every reachable slot is taken: now, and only now, overwrite BE slots.
+            last = blocks[-1] if blocks else None
             if last is not None and self.be_fill[last] > 0:
                 j = last
             else:
@@ -595,7 +584,28 @@ class BidirectionalKV:
             self.rt_fill[j] += take
             n -= take
             ckpt += take
-        return ckpt
+
+    def _fill_empty(self, blocks: list[int], n: int, fill: np.ndarray, owner: np.ndarray,
+                    key: int) -> int:
+        """Place up to n slots in empty space only: the request's last block first, then the
+        emptiest block not yet owned on this side. Returns how many slots are left over."""
+        while n > 0:
+            last = blocks[-1] if blocks else None
+            if last is not None:
+                room = self.size - int(self.rt_fill[last]) - int(self.be_fill[last])
+                if room > 0:
+                    take = min(n, room)
+                    fill[last] += take
+                    n -= take
+                    continue
+            emp = self._empties()
+            cand = np.flatnonzero((owner == -1) & (emp > 0))
+            if not cand.size:
+                return n
+            j = int(cand[np.argmax(emp[cand])])
+            owner[j] = key
+            blocks.append(j)
+        return 0
 
     def _checkpoint(self, j: int, take: int) -> None:
         victim = self._names[int(self.be_owner[j])]
@@ -618,24 +628,10 @@ class BidirectionalKV:
         self._place_be(req_id, n)
 
     def _place_be(self, req_id: Hashable, n: int) -> None:
-        key = self._ids[req_id]
-        blocks = self._blocks[req_id]
-        while n > 0:
-            last = blocks[-1] if blocks else None
-            if last is not None:
-                room = self.size - int(self.rt_fill[last]) - int(self.be_fill[last])
-                if room > 0:
-                    take = min(n, room)
-                    self.be_fill[last] += take
-                    n -= take
-                    continue
-            emp = self._empties()
-            cand = np.flatnonzero((self.be_owner == -1) & (emp > 0))
-            if not cand.size:  # unreachable: capacity was checked by the caller
-                raise KVFull(f"BE {req_id!r}: no block left")
-            j = int(cand[np.argmax(emp[cand])])
-            self.be_owner[j] = key
-            blocks.append(j)
+        left = self._fill_empty(self._blocks[req_id], n, self.be_fill, self.be_owner,
+                                self._ids[req_id])
+        if left:  # unreachable: capacity was checked by the caller
+            raise KVFull(f"BE {req_id!r}: no block left")
 
     def swap_in(self, req_id: Hashable) -> int:
         """Bring a BE request's checkpointed slots back; returns how many were copied."""
