@@ -279,7 +279,7 @@ def test_hybrid_gate_holds_admissions_per_gate_sequence():
     gates = []
 
     def make_gate(ctx):
-        from timelyllm_ros.core.policies.seed_policies import _profile, time_model_of
+        from timelyllm_ros.core.policies.seed_policies import engine_profile as _profile, time_model_of
         g = RecordingGate(time_model_of(_profile(ctx)))
         gates.append(g)
         return g

@@ -389,9 +389,14 @@ def make_policy(name: str, config: BenchConfig):
     return policy
 
 
-def build_engine(config: BenchConfig, prefix_cache: bool = True):
-    """A fresh engine; `prefix_cache=False` turns automatic prefix caching off."""
+def build_engine(config: BenchConfig, prefix_cache: bool = True, policy=None):
+    """A fresh engine; `prefix_cache=False` turns automatic prefix caching off. On the simulated
+    engine a policy may bring its own engine model (`Policy.make_simulated_engine`: BROS's
+    bidirectional KV blocks, MC-SF's clearing baselines)."""
     if config.engine == "sim":
+        own = policy.make_simulated_engine(config.load_profile()) if policy is not None else None
+        if own is not None:
+            return own
         if not prefix_cache:
             return NoPrefixCacheEngine(config.load_profile())
         return SimulatedEngine(config.load_profile())
@@ -527,7 +532,7 @@ def run_policy(events: Sequence[Event], policy_name: str, workload: Workload,
     if isinstance(engine, EnginePool):
         engine = engine.get(prefix_cache)
     elif engine is None:
-        engine = build_engine(config, prefix_cache=prefix_cache)
+        engine = build_engine(config, prefix_cache=prefix_cache, policy=policy)
     simulated = config.engine == "sim"
 
     heap: list[tuple[float, int, str, Any]] = []

@@ -51,8 +51,8 @@ from timelyllm_ros.core.errors import FieldError
 from timelyllm_ros.core.exec_model import ExecutionTimeModel
 from timelyllm_ros.core.generation import resume_regex
 from timelyllm_ros.core.lifecycle import TaskLifecycle
-from timelyllm_ros.core.policies.base import (DISCARD, PAUSE_HANDLINGS, PRESERVE, PauseInfo, Policy,
-                                              SchedulerContext, StepInfo)
+from timelyllm_ros.core.policies.base import (DISCARD, PAUSE_HANDLINGS, PRESERVE, GenerationInfo,
+                                              PauseInfo, Policy, SchedulerContext, StepInfo)
 from timelyllm_ros.core.policies.queue_view import (QueueArrays, QueueView, initial_row,
                                                     suspended_row)
 from timelyllm_ros.core.robot_timeline import RobotTimelines
@@ -199,6 +199,11 @@ class SegmentScheduler:
         self._running: dict[str, TaskRecord] = {}  # engine request id -> task
         self._rate = TokenRateMeter(self.config.rate_window_steps)
         self.context = self._make_context()
+        if policy.requires_engine is not None and self.context.engine_name != policy.requires_engine:
+            raise ValueError(
+                f"policy {policy.name!r} runs only on the {policy.requires_engine!r} engine "
+                f"(simulation-only baseline; this engine is {self.context.engine_name!r}); "
+                "evaluate it with `timelyllm bench`")
         self._admission = self._make_admission()
         self._candidate_aware = hasattr(self._admission, "may_admit_candidate")
         self._skip_refused = bool(getattr(self._admission, "skip_refused", False))
@@ -208,6 +213,7 @@ class SegmentScheduler:
         self._hook_step = _overrides(policy, "on_step")
         self._hook_task_end = _overrides(policy, "on_task_end")
         self._hook_pause = _overrides(policy, "pause_handling")
+        self._hook_service_class = _overrides(policy, "service_class")
         self._engine_pauses = self.context.supports_pause_handling
         # Suspended generations whose engine request is paused (preserve/swap): task id ->
         # (engine request id, handling).
@@ -586,6 +592,7 @@ class SegmentScheduler:
             max_tokens=max(1, skill_set.max_plan_tokens - len(generated_ids)),
             output_regex=resume_regex(task.owed_text, program, may_end=may_end),
             scripted_text=scripted,
+            service_class=self._service_class(task, skill_set, now),
         )
         paused = self._paused.get(task.task_id)
         try:
@@ -605,6 +612,14 @@ class SegmentScheduler:
         self._running[request_id] = task
         task.lifecycle.admit(now)
         self._emit(task)
+
+    def _service_class(self, task: TaskRecord, skill_set: SkillSet, now: float) -> str | None:
+        if not self._hook_service_class:
+            return None
+        return self.policy.service_class(GenerationInfo(
+            task_id=task.task_id, is_urgent=task.spec.is_urgent,
+            deadline_s=self._deadline_of(task, now), bound_tokens=_bound_of(task, skill_set),
+            context_tokens=_context_of(task), skill_set=skill_set.name), now)
 
     # ------------------------------------------------------------------ outputs
     def _consume(self, task: TaskRecord, output: EngineOutput, now: float) -> None:

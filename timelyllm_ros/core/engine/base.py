@@ -21,6 +21,10 @@ class EngineRequest:
     output_regex: str | None = None
     # Only the simulated engine reads this: the text it "generates". The real engine ignores it.
     scripted_text: str | None = None
+    # Service class the policy gives this run: "rt" (real-time) or "be" (best-effort), or None.
+    # Only an engine that serves the classes differently reads it (the simulated engine with
+    # BROS's bidirectional KV blocks); the others ignore it.
+    service_class: str | None = None
 
 
 @dataclass

@@ -83,6 +83,18 @@ class PauseInfo:
 
 
 @dataclass(frozen=True)
+class GenerationInfo:
+    """A generation about to be (re)started in the engine, as `Policy.service_class` sees it."""
+
+    task_id: str
+    is_urgent: bool
+    deadline_s: float  # when the robot needs this run's segment (reference + ERT)
+    bound_tokens: int  # most tokens this run may generate before its segment ends
+    context_tokens: int
+    skill_set: str
+
+
+@dataclass(frozen=True)
 class StepInfo:
     """One engine step, reported to `Policy.on_step`."""
 
@@ -136,12 +148,19 @@ class Policy:
       abort and resubmit with the token ids, served mostly from the prefix cache);
     - `on_admitted(view, rows, now)`: after each admission pass, the view rows admitted;
     - `on_step(step)`: after each engine step;
-    - `on_task_end(task_seq)`: a task left the scheduler for good (forget its state).
+    - `on_task_end(task_seq)`: a task left the scheduler for good (forget its state);
+    - `service_class(gen, now)`: "rt" / "be" for the engine request of a generation being
+      started (BROS's bidirectional KV blocks serve the two classes from opposite ends);
+    - `make_simulated_engine(profile)`: the simulated engine this policy must be evaluated on
+      (None = the standard `SimulatedEngine`); with `requires_engine` set, the scheduler refuses
+      any engine whose `name` differs (a baseline that only exists in simulation).
     """
 
     name: str = "policy"
     dispatch: str = "segment"
     latency_guided_admission: bool = False
+    # Engine `name` this policy needs (None = any engine); checked when the scheduler is built.
+    requires_engine: str | None = None
 
     def __post_init__(self) -> None:
         if self.dispatch not in DISPATCH_MODES:
@@ -180,6 +199,12 @@ class Policy:
 
     def on_task_end(self, task_seq: int) -> None:
         pass
+
+    def service_class(self, gen: GenerationInfo, now: float) -> str | None:
+        return None
+
+    def make_simulated_engine(self, profile: Any, **engine_kwargs: Any) -> Any:
+        return None
 
 
 @dataclass
