@@ -31,7 +31,9 @@ def test_registry():
     assert get_language("arm") is ARM
     assert isinstance(get_language("chat"), ChatLanguage)
     assert get_language("chat-paragraph").mode == "paragraph"
-    assert set(known_languages()) == {"minispec", "drone", "arm", "chat", "chat-paragraph"}
+    assert get_language("tool-call").name == "tool-call"
+    assert set(known_languages()) == {"minispec", "drone", "arm", "chat", "chat-paragraph",
+                                      "tool-call"}
     with pytest.raises(KeyError) as info:
         get_language("klingon")
     assert "klingon" in str(info.value)

@@ -129,7 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Replay an LRTrace workload under several scheduling policies (same events, "
                     "same robot timings) and report time utility, response and waiting time.")
     p.add_argument("--workload", required=True,
-                   help="preset name (WID1, WID2, WID3) or a workload / event-list YAML file")
+                   help="preset name (WID1, WID2, WID3), a seed paper's workload (seed001-chat, "
+                        "seed002-rtbe, seed003-gsm8k, seed004-api; simulated engine only) or a "
+                        "workload / event-list YAML file")
     p.add_argument("--policies", default=DEFAULT_POLICIES,
                    help=f"comma-separated policy names (default: {DEFAULT_POLICIES})")
     p.add_argument("--engine", choices=("sim", "vllm"), default="sim",
@@ -250,13 +252,43 @@ def _workload_block(workload, events, config: BenchConfig, runs: dict[str, RunRe
     }
 
 
-def _run_all(events, policies, workload, config, engine, progress: bool, label: str = ""
-             ) -> dict[str, RunResult]:
+def _run_all(events, policies, workload, config, engine, progress: bool, label: str = "",
+             run_kwargs: dict[str, Any] | None = None) -> dict[str, RunResult]:
     runs = {}
     for name in policies:
         bar = TextProgress(f"{label}{name}", enabled=progress)
-        runs[name] = run_policy(events, name, workload, config, engine=engine, progress=bar)
+        runs[name] = run_policy(events, name, workload, config, engine=engine, progress=bar,
+                                **(run_kwargs or {}))
     return runs
+
+
+def _load_scenario(args: argparse.Namespace, policies: list[str]):
+    """(scenario, policies to run) for a paper workload (`seed001-chat`, ...)."""
+    import inspect
+
+    from timelyllm_ros.bench.paper_workloads import SCENARIOS, build_scenario
+    from timelyllm_ros.core.policies.registry import get_policy
+    if args.engine != "sim":
+        raise UsageError(f"workload {args.workload}: the paper workloads run on the simulated "
+                         "engine only (their plans are scripted token counts)")
+    params: dict[str, Any] = {}
+    if args.duration_s is not None:
+        accepted = inspect.signature(SCENARIOS[args.workload.lower()]).parameters
+        if "duration_s" not in accepted:
+            raise UsageError(f"--duration-s: workload {args.workload} has a fixed request count")
+        params["duration_s"] = args.duration_s
+    scenario = build_scenario(args.workload, seed=args.seed, **params)
+    if not scenario.pauses_required:
+        return scenario, policies
+    kept = [p for p in policies if get_policy(p).dispatch == "segment"]
+    skipped = [p for p in policies if p not in kept]
+    if skipped:
+        print(f"workload {scenario.name}: skipping {', '.join(skipped)}: a request that calls a "
+              "tool must pause for the answer, and these policies never pause a generation",
+              file=sys.stderr)
+    if not kept:
+        raise UsageError(f"workload {scenario.name}: no policy left that pauses generations")
+    return scenario, kept
 
 
 def format_sweep(sweep: dict[str, Any]) -> str:
@@ -316,7 +348,15 @@ def _main(args: argparse.Namespace) -> int:
             raise UsageError(f"--profile: {exc}") from None
     else:
         profile = None
-    workload, events = load_events_for(args.workload, args.seed, args.duration_s)
+    from timelyllm_ros.bench.paper_workloads import is_scenario
+    scenario = None
+    run_kwargs: dict[str, Any] = {}
+    if is_scenario(args.workload):
+        scenario, policies = _load_scenario(args, policies)
+        workload, events, run_kwargs = scenario.workload, scenario.events, scenario.run_kwargs()
+        prompt_tokens = None
+    else:
+        workload, events = load_events_for(args.workload, args.seed, args.duration_s)
     if not events:
         raise UsageError(f"workload {workload.name}: no events in {workload.duration_s:g} s")
     try:
@@ -329,10 +369,15 @@ def _main(args: argparse.Namespace) -> int:
                              robots=args.robots)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if scenario is not None:
+        config = scenario.configure(config)
     seed = workload.seed if args.seed is None else args.seed
     progress = not args.no_progress
     n_tasks = sum(len(e.tasks) for e in events)
     prompt_desc = f"{prompt_tokens}-token prompts" if prompt_tokens else "unpadded prompts"
+    if scenario is not None:
+        print(f"workload {scenario.name} (seed {scenario.paper}): {scenario.description}; "
+              f"engine profile {scenario.profile.name}", file=sys.stderr)
     print(f"workload {workload.name}: {len(events)} events, {n_tasks} tasks over "
           f"{workload.duration_s:g} s (seed {seed}); engine {args.engine}; {prompt_desc}; "
           f"baseline prefix cache {'on' if args.baseline_prefix_cache else 'off'}", file=sys.stderr)
@@ -345,8 +390,12 @@ def _main(args: argparse.Namespace) -> int:
             raise UsageError(f"--engine vllm: vLLM is not importable here ({exc})") from None
         engine = EnginePool(config)
     try:
-        runs = _run_all(events, policies, workload, config, engine, progress)
+        runs = _run_all(events, policies, workload, config, engine, progress,
+                        run_kwargs=run_kwargs)
         doc = results_json(runs, _workload_block(workload, events, config, runs, seed))
+        if scenario is not None:
+            from timelyllm_ros.bench.paper_metrics import paper_metrics
+            doc["paper_metrics"] = {n: paper_metrics(r.tasks) for n, r in runs.items()}
         sweep = None
         if args.sweep_batch_cap:
             sweep = {"batch_cap": list(args.sweep_batch_cap),
@@ -355,7 +404,7 @@ def _main(args: argparse.Namespace) -> int:
             for cap in args.sweep_batch_cap:
                 capped = replace(config, batch_cap=cap)
                 for name, run in _run_all(events, policies, workload, capped, engine, progress,
-                                          label=f"cap {cap}: ").items():
+                                          label=f"cap {cap}: ", run_kwargs=run_kwargs).items():
                     m = compute_metrics(run.tasks, run.fetch_overhead_s)
                     entry = sweep["policies"][name]
                     entry["utility_mean"].append(m["overall"]["utility_mean"])
@@ -368,6 +417,10 @@ def _main(args: argparse.Namespace) -> int:
             engine.shutdown()
 
     print(format_table(doc))
+    if "paper_metrics" in doc:
+        from timelyllm_ros.bench.paper_metrics import format_paper_table
+        print(f"\n{scenario.paper}'s own figures (latency: arrival to last segment delivered):")
+        print(format_paper_table(doc["paper_metrics"]))
     for target in [p for p in policies if p != "vllm"]:
         line = format_ratios(doc, baseline="vllm", target=target)
         if line:

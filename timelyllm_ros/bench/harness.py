@@ -88,7 +88,9 @@ def default_profile_path() -> Path:
 def task_type(category: str, tuf_level: str) -> str:
     """Task type for reporting: drone tasks split by TUF level (`drone-normal`, `drone-urgent`);
     other categories by name (`arm`, `chat`), with `-<level>` added for a non-default level
-    (`arm-urgent`)."""
+    (`arm-urgent`). A level's `/<detail>` suffix (per-request levels such as `rt/17`) is not
+    part of the type."""
+    tuf_level = tuf_level.split("/", 1)[0]
     if category == "drone":
         return f"drone-{tuf_level}"
     if tuf_level in ("normal", "chat", "") or tuf_level == category:
@@ -140,13 +142,15 @@ class BenchConfig:
     tuf_levels_path: str | Path | None = None
     # Abort a run whose clock passes the last arrival by this much (a stuck replay).
     max_overrun_s: float = 3600.0
+    # Simulated engine: most running requests (vLLM's max_num_seqs); None = the engine default.
+    max_num_seqs: int | None = None
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
             raise ValueError(f"engine: must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if self.robots not in ROBOT_MODES:
             raise ValueError(f"robots: must be one of {', '.join(ROBOT_MODES)}, got {self.robots!r}")
-        for key in ("batch_cap", "segmented_batch_cap", "prompt_tokens"):
+        for key in ("batch_cap", "segmented_batch_cap", "prompt_tokens", "max_num_seqs"):
             value = getattr(self, key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
@@ -223,6 +227,10 @@ class TaskResult:
     execution_s: float = NAN
     completion_s: float = NAN
     resumes: int = 0
+    # Arrival until the last segment was dispatched: the request's end-to-end latency as the
+    # seed papers measure it (pauses for robot / tool execution in between included).
+    latency_s: float = NAN
+    generated_tokens: int = 0
     event_id: int = -1
     segments: list[SegmentResult] = field(default_factory=list)
     # Intervals in which the task's generation was running in the engine.
@@ -284,7 +292,8 @@ class SimulatedRobots:
     """
 
     def __init__(self, exec_model: ExecutionTimeModel, seed: int, latency_s: float, mode: str,
-                 schedule_report: Callable[[float, str, int, float, float], None]):
+                 schedule_report: Callable[[float, str, int, float, float], None],
+                 call_durations: Mapping[tuple[int, int], float] | None = None):
         if mode not in ROBOT_MODES:
             raise ValueError(f"robots: must be one of {', '.join(ROBOT_MODES)}, got {mode!r}")
         self.exec_model = exec_model
@@ -292,6 +301,9 @@ class SimulatedRobots:
         self.latency_s = float(latency_s)
         self.mode = mode
         self._schedule_report = schedule_report
+        # (task number, call index) -> seconds, for workloads that fix each call's duration
+        # (a tool's latency drawn with the workload); other calls are sampled.
+        self.call_durations = dict(call_durations or {})
         self._queues: dict[str, deque[_RobotTask]] = {}
         self._free_at: dict[str, float] = {}
         self._tasks: dict[str, _RobotTask] = {}
@@ -299,6 +311,9 @@ class SimulatedRobots:
 
     def call_duration(self, task_num: int, call_index: int, call) -> float:
         """Duration of a task's `call_index`-th call; the same for every policy and run."""
+        fixed = self.call_durations.get((int(task_num), int(call_index)))
+        if fixed is not None:
+            return float(fixed)
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, int(task_num),
                                                             int(call_index)]))
         return float(self.exec_model.sample_segment((call,), rng))
@@ -394,12 +409,14 @@ def build_engine(config: BenchConfig, prefix_cache: bool = True, policy=None):
     engine a policy may bring its own engine model (`Policy.make_simulated_engine`: BROS's
     bidirectional KV blocks, MC-SF's clearing baselines)."""
     if config.engine == "sim":
-        own = policy.make_simulated_engine(config.load_profile()) if policy is not None else None
+        kwargs = {} if config.max_num_seqs is None else {"max_num_seqs": config.max_num_seqs}
+        own = (policy.make_simulated_engine(config.load_profile(), **kwargs)
+               if policy is not None else None)
         if own is not None:
             return own
         if not prefix_cache:
-            return NoPrefixCacheEngine(config.load_profile())
-        return SimulatedEngine(config.load_profile())
+            return NoPrefixCacheEngine(config.load_profile(), **kwargs)
+        return SimulatedEngine(config.load_profile(), **kwargs)
     if not config.model:
         raise ValueError("engine vllm: --model DIR (a local model directory) is required")
     from timelyllm_ros.core.engine.vllm_engine import VllmEngine, VllmEngineConfig
@@ -497,7 +514,9 @@ def run_policy(events: Sequence[Event], policy_name: str, workload: Workload,
                config: BenchConfig | None = None, *, traces: Mapping[int, Trace] | None = None,
                tuf_levels: TufLevels | None = None,
                skill_sets: Mapping[str, SkillSet] | None = None,
-               engine=None, progress: ProgressFn | None = None) -> RunResult:
+               engine=None, progress: ProgressFn | None = None,
+               exec_model_factory: Callable[[], ExecutionTimeModel] | None = None,
+               call_durations: Mapping[tuple[int, int], float] | None = None) -> RunResult:
     """Replay `events` under `policy_name` and return every task's outcome.
 
     `engine`: an engine to reuse, or an `EnginePool` (the real vLLM engine is expensive to
@@ -507,6 +526,14 @@ def run_policy(events: Sequence[Event], policy_name: str, workload: Workload,
     `skill_sets`: default = those of config/skillsets that the workload's traces use (a planner
     serving only drones has only the drone set; the scheduler sizes its admission check by the
     largest max_segment_tokens of its sets), padded to `config.effective_prompt_tokens`.
+
+    `exec_model_factory`: the scheduler's execution-time model (a fresh one per run, it learns
+    online; default: config.exec_model_path). `call_durations`: (task number, call index) ->
+    seconds the simulated robot takes for that call, instead of sampling the model.
+
+    Events with `after_event` are released that many seconds after every task of the event they
+    name has ended (closed loop); one that would be released after `workload.duration_s` is not
+    submitted, nor is anything waiting on it.
     """
     config = config or BenchConfig()
     wall_start = time.perf_counter()
@@ -522,7 +549,8 @@ def run_policy(events: Sequence[Event], policy_name: str, workload: Workload,
             trace = traces[t.trace_id]
             instructions.setdefault(trace.skill_set, set()).add(trace.instruction)
     skill_sets = pad_skill_sets(skill_sets, config.effective_prompt_tokens, instructions)
-    exec_model = ExecutionTimeModel.from_yaml(config.exec_model_path)  # fresh: it learns online
+    exec_model = (exec_model_factory() if exec_model_factory is not None  # fresh: it learns online
+                  else ExecutionTimeModel.from_yaml(config.exec_model_path))
     policy = make_policy(policy_name, config)
     latency = workload.network_latency_s if config.network_latency_s is None \
         else config.network_latency_s
@@ -554,8 +582,10 @@ def run_policy(events: Sequence[Event], policy_name: str, workload: Workload,
             progress(done_count, total, engine.now() - t0)
 
     robots = SimulatedRobots(exec_model, seed, latency, config.robots,
-                             lambda at, tid, seq, st, fin: push(at, "report", (tid, seq, st, fin)))
-    listener = _Listener(robots, on_terminal)
+                             lambda at, tid, seq, st, fin: push(at, "report", (tid, seq, st, fin)),
+                             call_durations=call_durations)
+    loop = _ClosedLoop(events)
+    listener = _Listener(robots, lambda snap: (on_terminal(snap), loop.task_ended(snap.task_id)))
     scheduler = SegmentScheduler(
         engine, policy, dict(skill_sets), exec_model, listener,
         SchedulerConfig(network_latency_s=latency, batch_cap=config.cap_for(policy),
@@ -565,10 +595,21 @@ def run_policy(events: Sequence[Event], policy_name: str, workload: Workload,
 
     t0 = engine.now()
     meta: dict[str, tuple[Any, Trace, int]] = {}
-    for event in events:
+    for event in loop.open_events:
         push(t0 + event.time_s, "arrival", event)
     arrivals_left = len(events)
-    last_arrival = t0 + (max((e.time_s for e in events), default=0.0))
+    last_arrival = t0 + (max((e.time_s for e in loop.open_events), default=0.0))
+    horizon = t0 + workload.duration_s
+
+    def release_ready(now: float) -> None:
+        nonlocal arrivals_left, last_arrival
+        for event in loop.take_ready():
+            at = now + event.time_s
+            if at > horizon:
+                arrivals_left -= loop.drop(event)
+                continue
+            push(at, "arrival", event)
+            last_arrival = max(last_arrival, at)
 
     try:
         while True:
@@ -577,6 +618,8 @@ def run_policy(events: Sequence[Event], policy_name: str, workload: Workload,
                 at, _, kind, payload = heapq.heappop(heap)
                 if kind == "arrival":
                     arrivals_left -= 1
+                    for spec in payload.tasks:  # before submit: a rejection ends a task at once
+                        loop.submitted(_task_id(spec), payload.event_id)
                     _submit_event(scheduler, robots, payload, at, traces, tuf_levels, simulated,
                                   meta)
                 else:
@@ -588,7 +631,11 @@ def run_policy(events: Sequence[Event], policy_name: str, workload: Workload,
                 stuck = [t.task_id for t in scheduler.active_tasks()][:5]
                 raise RuntimeError(f"{policy_name}: replay still running {config.max_overrun_s:.0f} s "
                                    f"after the last arrival (active tasks e.g. {stuck})")
-            if scheduler.tick():
+            progressed = scheduler.tick()
+            if loop.has_ready():
+                release_ready(engine.now())
+                continue
+            if progressed:
                 continue
             candidates = [heap[0][0]] if heap else []
             timer = scheduler.next_timer_s()
@@ -621,19 +668,67 @@ def run_policy(events: Sequence[Event], policy_name: str, workload: Workload,
                                   if t.prompt_ids), default=0)})
 
 
+def _task_id(spec) -> str:
+    return f"t{spec.task_id:05d}"
+
+
+class _ClosedLoop:
+    """Which events wait for another event's tasks to end (`Event.after_event`)."""
+
+    def __init__(self, events: Sequence[Event]):
+        self.open_events = [e for e in events if e.after_event is None]
+        self._waiting_on: dict[int, list[Event]] = {}
+        for e in events:
+            if e.after_event is not None:
+                self._waiting_on.setdefault(e.after_event, []).append(e)
+        known = {e.event_id for e in events}
+        missing = sorted(set(self._waiting_on) - known)
+        if missing:
+            raise ValueError(f"events: after_event {missing[0]} names no event")
+        self._left = {e.event_id: len(e.tasks) for e in events}
+        self._event_of: dict[str, int] = {}
+        self._ready: list[Event] = []
+
+    def submitted(self, task_id: str, event_id: int) -> None:
+        self._event_of[task_id] = event_id
+
+    def task_ended(self, task_id: str) -> None:
+        event_id = self._event_of.pop(task_id, None)
+        if event_id is None:
+            return
+        self._left[event_id] -= 1
+        if self._left[event_id] == 0:
+            self._ready.extend(self._waiting_on.pop(event_id, ()))
+
+    def has_ready(self) -> bool:
+        return bool(self._ready)
+
+    def take_ready(self) -> list[Event]:
+        ready, self._ready = self._ready, []
+        return ready
+
+    def drop(self, event: Event) -> int:
+        """Forget `event` and every event waiting on it; returns how many events that was."""
+        dropped = 1
+        for child in self._waiting_on.pop(event.event_id, ()):
+            dropped += self.drop(child)
+        return dropped
+
+
 def _submit_event(scheduler: SegmentScheduler, robots: SimulatedRobots, event: Event, at: float,
                   traces: Mapping[int, Trace], tuf_levels: TufLevels, simulated: bool,
                   meta: dict) -> None:
     for spec in event.tasks:
         trace = traces[spec.trace_id]
-        task_id = f"t{spec.task_id:05d}"
+        task_id = _task_id(spec)
         meta[task_id] = (spec, trace, event.event_id)
         robots.add_task(task_id, spec.task_id, spec.robot_id)
         try:
             scheduler.submit(TaskSpec(
                 task_id=task_id, robot_id=spec.robot_id, skill_set=trace.skill_set,
                 instruction=trace.instruction, tuf=tuf_levels.get(spec.tuf_level), arrival_s=at,
-                urgency=spec.tuf_level, scripted_plan=trace.plan if simulated else None))
+                urgency=spec.tuf_level, scripted_plan=trace.plan if simulated else None,
+                max_plan_tokens=trace.max_plan_tokens))
         except TaskRejected:
             pass  # recorded by the scheduler as a rejected task; the listener saw it
 
@@ -660,6 +755,7 @@ def _task_result(task: TaskRecord, meta: tuple, robots: SimulatedRobots, t0: flo
     completion = (max(s.finished_s for s in task.segments) - t0) if done else NAN
     sched_wait = task.waiting_time_s if done else NAN
     end = task.lifecycle.history[-1][1]
+    latency = (max(s.dispatched_s for s in task.segments) - task.spec.arrival_s) if done else NAN
     return TaskResult(
         task_id=task.task_id, trace_id=trace.trace_id, category=trace.category,
         tuf_level=spec.tuf_level, task_type=task_type(trace.category, spec.tuf_level),
@@ -668,7 +764,8 @@ def _task_result(task: TaskRecord, meta: tuple, robots: SimulatedRobots, t0: flo
         response_time_s=task.response_time_s, utility=task.utility,
         waiting_time_s=(sched_wait - blocked) if done else NAN, sched_waiting_time_s=sched_wait,
         robot_blocked_s=blocked, execution_s=execution, completion_s=completion,
-        resumes=task.resumes, event_id=event_id, segments=segments,
+        resumes=task.resumes, latency_s=latency,
+        generated_tokens=len(task.generated.token_ids), event_id=event_id, segments=segments,
         generation_spans=_spans(task, t0, end))
 
 

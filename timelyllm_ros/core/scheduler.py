@@ -273,14 +273,19 @@ class SegmentScheduler:
         try:
             skill_set = self._skill_set_of(spec)
             task.prompt_ids = self._prompt_ids(skill_set, spec.instruction)
-            budget = self.engine.max_model_len() - skill_set.max_plan_tokens
+            if spec.max_plan_tokens is not None and not (
+                    isinstance(spec.max_plan_tokens, int) and spec.max_plan_tokens >= 1):
+                raise TaskRejected("max_plan_tokens", f"must be an integer >= 1, got "
+                                   f"{spec.max_plan_tokens!r}")
+            plan_tokens = _plan_budget(spec, skill_set)
+            budget = self.engine.max_model_len() - plan_tokens
             if len(task.prompt_ids) > budget:
                 raise TaskRejected(
                     "instruction", f"prompt is {len(task.prompt_ids)} tokens; the model context of "
-                    f"{self.engine.max_model_len()} leaves {budget} after {skill_set.max_plan_tokens} "
+                    f"{self.engine.max_model_len()} leaves {budget} after {plan_tokens} "
                     "plan tokens")
             kv = self.engine.kv_usage()
-            need = -(-(len(task.prompt_ids) + skill_set.max_plan_tokens) // max(1, kv.block_size))
+            need = -(-(len(task.prompt_ids) + plan_tokens) // max(1, kv.block_size))
             if need > kv.total_blocks:
                 # It could never be admitted, and would block the head of the queue for good.
                 raise TaskRejected(
@@ -550,13 +555,14 @@ class SegmentScheduler:
         # (tokens so far, remaining budget, this generation's own segment bound): in a mixed
         # fleet a drone segment is bounded by 10 tokens, a chat one by 60.
         return [(task.tokens_this_run, self._deadline_of(task, now) - now,
-                 self._skill_set_of(task.spec).max_segment_tokens)
+                 self._run_bound.get(task.engine_request_id,
+                                     self._skill_set_of(task.spec).max_segment_tokens))
                 for task in self._running.values()]
 
     def _blocks_needed(self, task: TaskRecord) -> int:
         bs = self.context.kv_block_size
         context = _context_of(task)
-        tokens = context + self._skill_set_of(task.spec).max_segment_tokens
+        tokens = context + _bound_of(task, self._skill_set_of(task.spec))
         need = -(-tokens // bs)
         paused = self._paused.get(task.task_id)
         if paused is not None and paused[1] == PRESERVE:
@@ -589,7 +595,7 @@ class SegmentScheduler:
         request = EngineRequest(
             request_id=request_id,
             prompt_token_ids=[*task.prompt_ids, *generated_ids],
-            max_tokens=max(1, skill_set.max_plan_tokens - len(generated_ids)),
+            max_tokens=max(1, _plan_budget(task.spec, skill_set) - len(generated_ids)),
             output_regex=resume_regex(task.owed_text, program, may_end=may_end),
             scripted_text=scripted,
             service_class=self._service_class(task, skill_set, now),
@@ -651,7 +657,7 @@ class SegmentScheduler:
                 gen.statements_done += 1
 
         plan_full = (gen.statements_done >= skill_set.max_statements
-                     or len(gen.token_ids) >= skill_set.max_plan_tokens)
+                     or len(gen.token_ids) >= _plan_budget(task.spec, skill_set))
         plan_done = output.finished or plan_full
         if found:
             text = gen.text[found[0][0]:found[-1][1]]
@@ -895,8 +901,14 @@ def _context_of(task: TaskRecord) -> int:
     return len(task.prompt_ids) + len(task.generated.token_ids)
 
 
+def _plan_budget(spec: TaskSpec, skill_set: SkillSet) -> int:
+    if spec.max_plan_tokens is None:
+        return skill_set.max_plan_tokens
+    return min(skill_set.max_plan_tokens, spec.max_plan_tokens)
+
+
 def _bound_of(task: TaskRecord, skill_set: SkillSet) -> int:
-    left = skill_set.max_plan_tokens - len(task.generated.token_ids)
+    left = _plan_budget(task.spec, skill_set) - len(task.generated.token_ids)
     return max(1, min(skill_set.max_segment_tokens, left))
 
 

@@ -26,6 +26,9 @@ class TaskSpec:
     urgency: str = ""
     # Simulated engine only: the plan text it will "generate" (from an LRTrace trace).
     scripted_plan: str | None = None
+    # This task's own output budget (an API client's max_tokens), below the skill set's
+    # max_plan_tokens; None = the skill set's. It is also the hard output bound MC-SF plans with.
+    max_plan_tokens: int | None = None
 
     @property
     def is_urgent(self) -> bool:

@@ -15,10 +15,10 @@ from typing import Any, Mapping
 import yaml
 
 # Robot categories; a category is also the prefix of robot ids (`drone_07`).
-CATEGORIES = ("drone", "arm", "chat")
+CATEGORIES = ("drone", "arm", "chat", "agent")
 
 _REQUIRED = ("id", "instruction", "category", "tuf_level", "skill_set", "plan")
-_OPTIONAL = ("notes",)
+_OPTIONAL = ("notes", "max_plan_tokens")
 
 
 class TraceError(ValueError):
@@ -34,6 +34,8 @@ class Trace:
     skill_set: str
     plan: str
     notes: str = ""
+    # The task's own output budget (see TaskSpec.max_plan_tokens); None = the skill set's.
+    max_plan_tokens: int | None = None
 
 
 def lrtrace_dir() -> Path:
@@ -96,6 +98,10 @@ def _parse_trace(entry: Any, index: int, origin: str) -> Trace:
     notes = entry.get("notes", "")
     if not isinstance(notes, str):
         raise TraceError(f"{where}: notes: must be a string")
+    budget = entry.get("max_plan_tokens")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)
+                               or budget < 1):
+        raise TraceError(f"{where}: max_plan_tokens: must be an integer >= 1, got {budget!r}")
     if entry["category"] not in CATEGORIES:
         raise TraceError(
             f"{where}: category: {entry['category']!r} is not one of {', '.join(CATEGORIES)}"
@@ -108,4 +114,5 @@ def _parse_trace(entry: Any, index: int, origin: str) -> Trace:
         skill_set=entry["skill_set"].strip(),
         plan=entry["plan"],
         notes=notes.strip(),
+        max_plan_tokens=budget,
     )

@@ -57,6 +57,10 @@ class Event:
     time_s: float
     event_id: int
     tasks: tuple[TaskSpec, ...]
+    # Closed loop: the event is released `time_s` seconds after every task of event
+    # `after_event` has ended (a client that submits its next batch when the last one is done),
+    # instead of at `time_s` from the start. Only the bench's replay reads it.
+    after_event: int | None = None
 
 
 _KEYS = {f.name for f in dataclasses.fields(Workload)}

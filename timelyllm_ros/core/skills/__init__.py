@@ -6,6 +6,7 @@ from timelyllm_ros.core.skills.arm import ARM, ArmLanguage
 from timelyllm_ros.core.skills.base import ParsedSegment, SkillCall, SkillLanguage, SkillSyntaxError
 from timelyllm_ros.core.skills.chat import ChatLanguage, reading_time_s
 from timelyllm_ros.core.skills.minispec import MINISPEC, MiniSpecLanguage
+from timelyllm_ros.core.skills.tool_call import TOOL_CALL, ToolCallLanguage
 
 _LANGUAGES: dict[str, SkillLanguage] = {
     "minispec": MINISPEC,
@@ -13,6 +14,7 @@ _LANGUAGES: dict[str, SkillLanguage] = {
     "arm": ARM,
     "chat": ChatLanguage("sentence"),
     "chat-paragraph": ChatLanguage("paragraph"),
+    "tool-call": TOOL_CALL,
 }
 
 
@@ -40,6 +42,8 @@ __all__ = [
     "SkillCall",
     "SkillLanguage",
     "SkillSyntaxError",
+    "TOOL_CALL",
+    "ToolCallLanguage",
     "get_language",
     "known_languages",
     "reading_time_s",

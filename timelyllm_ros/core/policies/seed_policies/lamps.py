@@ -10,7 +10,7 @@ import numpy as np
 from timelyllm_ros.core.seeds.lamps import (LampsQueue, choose_handling, engine_time_fns,
                                             handling_for_pause, memory_time_score)
 
-from ..base import PauseInfo, Policy, SchedulerContext, StepInfo, TimelyPolicy
+from ..base import FcfsPolicy, PauseInfo, Policy, SchedulerContext, StepInfo, TimelyPolicy
 from ..queue_view import QueueView
 from .common import engine_profile
 
@@ -144,7 +144,19 @@ class TimelyLampsPolicy(TimelyPolicy):
         return lamps_handling(pause)
 
 
+@dataclass
+class InferceptPolicy(FcfsPolicy):
+    """INFERCEPT, LAMPS's baseline: first come, first served, with the same least-waste
+    preserve / discard / swap choice at every pause (`lamps` minus its ranking)."""
+
+    name: str = "infercept"
+
+    def pause_handling(self, pause: PauseInfo) -> str:
+        return lamps_handling(pause)
+
+
 def register(register, fixed) -> None:
     register("lamps", fixed(LampsPolicy, name="lamps"))
+    register("infercept", fixed(InferceptPolicy, name="infercept", dispatch="segment"))
     register("timelyllm-lamps", fixed(TimelyLampsPolicy, name="timelyllm-lamps",
                                       slack_scaling="max_slack_g"))
