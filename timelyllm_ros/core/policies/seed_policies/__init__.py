@@ -32,7 +32,7 @@ controllers, so importing the policy registry stays light.
 
 from __future__ import annotations
 
-from . import bros, hybrid, lamps, mcsf
+from . import bros, hybrid, lamps, mcsf, mcsf_baselines
 from .bros import BrosAdmission, BrosPolicy, TimelyBrosPolicy
 from .common import engine_profile, kv_blocks_ok
 from .hybrid import HybridPolicy, time_model_of
@@ -46,7 +46,7 @@ __all__ = [
     "register_seed_policies", "time_model_of",
 ]
 
-_MODULES = (mcsf, bros, hybrid, lamps)
+_MODULES = (mcsf, mcsf_baselines, bros, hybrid, lamps)
 
 
 def register_seed_policies(register, fixed) -> None:
