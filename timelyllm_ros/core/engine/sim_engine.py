@@ -309,11 +309,7 @@ class SimulatedEngine:
         self.pause_stats[handling] += 1
         paused = _Paused(seq, handling, self._clock)
         if handling == SWAP:
-            bs = self._block_size
-            out_tokens = 0
-            for i, block in enumerate(seq.blocks):
-                if self._pool.ref[block] == 1:  # blocks shared with others stay on the device
-                    out_tokens += max(0, min(bs, seq.num_computed - i * bs))
+            out_tokens = self._swap_out_tokens(seq)
             cost = self._swap_s(out_tokens)
             self._pending_swap_s += cost
             self.pause_stats["swap_out_tokens"] += out_tokens
@@ -354,6 +350,16 @@ class SimulatedEngine:
         if paused.handling == SWAP:
             seq.swap_tokens = min(paused.host_tokens, common, len(seq.tokens) - 1)
         self._waiting.append(seq)
+
+    def _swap_out_tokens(self, seq: _Sequence) -> int:
+        """Context tokens a swap-out copies to the host: those in blocks the request holds alone
+        (blocks shared with others stay on the device)."""
+        bs = self._block_size
+        out_tokens = 0
+        for i, block in enumerate(seq.blocks):
+            if self._pool.ref[block] == 1:
+                out_tokens += max(0, min(bs, seq.num_computed - i * bs))
+        return out_tokens
 
     def num_paused(self) -> int:
         return len(self._paused)
@@ -406,6 +412,7 @@ class SimulatedEngine:
         preempted = self._reserve_decode_blocks()
         decoding = list(self._running)
         admitted, cached_now, swap_in_s = ([], {}, 0.0) if preempted else self._admit_waiting()
+        decoding = self._decodes_computed(decoding)
 
         prefill_tokens = 0
         for seq in admitted:
@@ -466,6 +473,11 @@ class SimulatedEngine:
                     seq.blocks.append(self._pool.allocate())
                 i += 1
         return preempted
+
+    def _decodes_computed(self, decoding: list[_Sequence]) -> list[_Sequence]:
+        """The running sequences (given after reservation and admission) that compute a token in
+        this step: all of them here; a subclass may hold some back (KV partly off the device)."""
+        return decoding
 
     def _preempt(self, seq: _Sequence) -> None:
         # Recompute later: the sampled tokens become part of the prompt to prefill again.

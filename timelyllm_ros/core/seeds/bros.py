@@ -483,6 +483,10 @@ class BidirectionalKV:
       slots. BE never overwrites.
     * Swap-in: a BE request's checkpointed slots come back as BE slots wherever BE placement puts
       them (a real block table maps each token's slot, so their position is free to change).
+
+    `usable` marks the blocks placement may use (all by default). An engine that lends blocks of
+    a larger paged pool to the shared region switches them on and off with `set_usable`; an
+    unusable block holds nothing and counts for no capacity.
     """
 
     def __init__(self, num_blocks: int, block_size: int = BLOCK_SLOTS):
@@ -501,6 +505,7 @@ class BidirectionalKV:
         self._blocks: dict[Hashable, list[int]] = {}
         self._host: dict[Hashable, int] = {}
         self._preempted = np.zeros(self.num_blocks, dtype=bool)
+        self.usable = np.ones(self.num_blocks, dtype=bool)
         # Counters (slots, cumulative).
         self.checkpointed_slots = 0   # device -> host copies forced by RT overwrites
         self.swapped_in_slots = 0     # host -> device copies when a BE request runs again
@@ -529,16 +534,32 @@ class BidirectionalKV:
         bl = self._blocks.get(req_id)
         return bl[-1] if bl else None
 
+    def _room_in_last(self, blocks: list[int]) -> int:
+        # Appends that fit here need no capacity scan (the scan is O(blocks), this is O(1)).
+        if not blocks:
+            return 0
+        j = blocks[-1]
+        return self.size - int(self.rt_fill[j]) - int(self.be_fill[j])
+
+    def set_usable(self, j: int, usable: bool) -> None:
+        if not usable and (self.rt_fill[j] or self.be_fill[j]):
+            raise ValueError(f"block {j} still holds slots")
+        self.usable[j] = usable
+
     # -- dry runs (SlotOracle) --
 
+    def last_block_room(self, req_id: Hashable) -> int:
+        """Empty slots of the request's last block: what it can append without any search."""
+        return self._room_in_last(self._blocks.get(req_id, []))
+
     def rt_capacity(self, req_id: Hashable) -> int:
-        free_blocks = int(np.count_nonzero(self.rt_owner == -1)) * self.size
+        free_blocks = int(np.count_nonzero((self.rt_owner == -1) & self.usable)) * self.size
         last = self._last(req_id) if self._kind.get(req_id) == RT else None
         return free_blocks + (self.size - int(self.rt_fill[last]) if last is not None else 0)
 
     def be_capacity(self, req_id: Hashable) -> int:
         emp = self._empties()
-        cap = int(emp[self.be_owner == -1].sum())
+        cap = int(emp[(self.be_owner == -1) & self.usable].sum())
         last = self._last(req_id) if self._kind.get(req_id) == BE else None
         if last is not None:
             cap += int(emp[last])
@@ -547,7 +568,7 @@ class BidirectionalKV:
     def reachable_empty_rt(self, req_id: Hashable) -> int:
         """Empty slots an RT append would use before it has to overwrite BE slots."""
         emp = self._empties()
-        cap = int(emp[self.rt_owner == -1].sum())
+        cap = int(emp[(self.rt_owner == -1) & self.usable].sum())
         last = self._last(req_id) if self._kind.get(req_id) == RT else None
         if last is not None:
             cap += int(emp[last])
@@ -560,7 +581,7 @@ class BidirectionalKV:
         if n < 0:
             raise ValueError("n must be >= 0")
         key = self._key(req_id, RT)
-        if n > self.rt_capacity(req_id):
+        if n > self._room_in_last(self._blocks[req_id]) and n > self.rt_capacity(req_id):
             raise KVFull(f"RT {req_id!r}: {n} slots requested, {self.rt_capacity(req_id)} reachable")
         blocks = self._blocks[req_id]
         ckpt = 0
@@ -573,7 +594,7 @@ class BidirectionalKV:
             if last is not None and self.be_fill[last] > 0:
                 j = last
             else:
-                cand = np.flatnonzero(self.rt_owner == -1)
+                cand = np.flatnonzero((self.rt_owner == -1) & self.usable)
                 if not cand.size:  # unreachable: capacity was checked above
                     raise KVFull(f"RT {req_id!r}: no block left")
                 j = int(cand[0])
@@ -599,7 +620,7 @@ class BidirectionalKV:
                     n -= take
                     continue
             emp = self._empties()
-            cand = np.flatnonzero((owner == -1) & (emp > 0))
+            cand = np.flatnonzero((owner == -1) & (emp > 0) & self.usable)
             if not cand.size:
                 return n
             j = int(cand[np.argmax(emp[cand])])
@@ -623,7 +644,7 @@ class BidirectionalKV:
         if n < 0:
             raise ValueError("n must be >= 0")
         self._key(req_id, BE)
-        if n > self.be_capacity(req_id):
+        if n > self._room_in_last(self._blocks[req_id]) and n > self.be_capacity(req_id):
             raise KVFull(f"BE {req_id!r}: {n} slots requested, {self.be_capacity(req_id)} free")
         self._place_be(req_id, n)
 
@@ -646,6 +667,20 @@ class BidirectionalKV:
         self._host[req_id] = 0
         self.swapped_in_slots += h
         return h
+
+    def rename(self, old_id: Hashable, new_id: Hashable) -> None:
+        """Hand everything `old_id` holds (device slots, host checkpoint, side) to `new_id`, e.g.
+        when a paused generation continues as a new request that keeps its KV."""
+        if old_id not in self._kind:
+            return
+        if new_id in self._kind:
+            raise ValueError(f"request {new_id!r} already holds slots")
+        key = self._ids.pop(old_id)
+        self._ids[new_id] = key
+        self._names[key] = new_id
+        self._kind[new_id] = self._kind.pop(old_id)
+        self._blocks[new_id] = self._blocks.pop(old_id)
+        self._host[new_id] = self._host.pop(old_id)
 
     def release(self, req_id: Hashable) -> None:
         """Free a finished (or dropped) request's device slots and its host checkpoint."""
@@ -686,7 +721,7 @@ class BidirectionalKV:
         return self._kind.get(req_id)
 
     def empty_slots(self) -> int:
-        return int(self._empties().sum())
+        return int(self._empties()[self.usable].sum())
 
     def slot_owners(self) -> np.ndarray:
         """(num_blocks, size) array of owner keys (-1 empty); raises if RT and BE would overlap."""

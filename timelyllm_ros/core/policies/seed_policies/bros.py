@@ -7,9 +7,18 @@ from typing import Any
 
 import numpy as np
 
-from ..base import Policy, SchedulerContext, StepInfo, TimelyPolicy
+from ..base import GenerationInfo, Policy, SchedulerContext, StepInfo, TimelyPolicy
 from ..queue_view import QueueView
 from .common import engine_profile, kv_blocks_ok
+
+
+def _service_class(*, urgent: bool, deadline_s: float, now: float, tokens_left: int,
+                   t_avg_s: float, be_slack_s: float) -> str:
+    """RT or BE for one generation, as BROS's admission and the engine both see it: its segment
+    is one token group of k = tokens_left tokens, slack = deadline - now - (k - 1) * T_avg."""
+    from timelyllm_ros.core.seeds.bros import classify_robot_work
+    slack = deadline_s - now - (max(1, tokens_left) - 1) * t_avg_s
+    return classify_robot_work(urgent=urgent, slack_s=slack, be_slack_s=be_slack_s)
 
 
 class BrosAdmission:
@@ -18,7 +27,10 @@ class BrosAdmission:
     selection is a set, not a prefix of the order).
 
     The running batch enters the selection as decode requests (k_i = tokens left in the
-    segment), queued generations as prefills (Ln = estimated uncached prompt tokens). Running
+    segment), queued generations as prefills (Ln = estimated uncached prompt tokens). On the
+    simulated engine with bidirectional KV blocks the policy built for itself, FindPreemptBlock
+    is real: an RT generation may also count the BE slots it would overwrite as room (the
+    engine's `rt_room_blocks`); elsewhere every request sees only free blocks. Running
     generations are never preempted: vLLM owns the iteration, and a segment is tens of tokens, so
     an RT/BE request the selection would leave out (or displace) still gets its tokens until its
     segment ends. The adaptive batch limit (`AdaptiveBatchSize`) bounds running + admitted.
@@ -38,18 +50,23 @@ class BrosAdmission:
                                        t_avg_alpha=policy.t_avg_alpha)
         self.policy = policy
         self.block_size = ctx.kv_block_size
+        engine = getattr(policy, "_own_engine", None)
+        self.rt_room = engine.rt_room_blocks if (
+            engine is not None and engine.name == ctx.engine_name) else None
+        self.rt_keys: set = set()
+        self.rt_extra_blocks = 0  # room only RT generations have (overwritable BE slots)
         self.allowed: set = set()
         self.last_selection = None
 
     def begin_pass(self, p) -> None:
-        from timelyllm_ros.core.seeds.bros import classify_robot_work, segment_request
+        from timelyllm_ros.core.seeds.bros import segment_request
         t_avg = self.scheduler.t_avg_s
         be_slack = self.policy.be_slack_s
         rt, be = [], []
         for g in p.running:
             k = max(1, g.remaining_tokens)
-            slack = g.deadline_s - p.now - (k - 1) * t_avg
-            kind = classify_robot_work(urgent=g.is_urgent, slack_s=slack, be_slack_s=be_slack)
+            kind = _service_class(urgent=g.is_urgent, deadline_s=g.deadline_s, now=p.now,
+                                  tokens_left=k, t_avg_s=t_avg, be_slack_s=be_slack)
             r = segment_request(("run", g.key), now_s=p.now, reference_s=p.now,
                                 deadline_s=g.deadline_s, tokens_left=k, prefill=False,
                                 new_tokens=1, context_tokens=g.context_tokens, kind=kind)
@@ -61,13 +78,18 @@ class BrosAdmission:
         prefill = np.maximum(view.prefill_tokens[rows], 1).tolist()
         urgent = view.is_urgent[rows].tolist()
         for j, key in enumerate(p.keys):
-            slack = deadline[j] - p.now - (bound[j] - 1) * t_avg
-            kind = classify_robot_work(urgent=urgent[j], slack_s=slack, be_slack_s=be_slack)
+            kind = _service_class(urgent=urgent[j], deadline_s=deadline[j], now=p.now,
+                                  tokens_left=bound[j], t_avg_s=t_avg, be_slack_s=be_slack)
             r = segment_request(key, now_s=p.now, reference_s=p.now, deadline_s=deadline[j],
                                 tokens_left=bound[j], prefill=True, new_tokens=prefill[j],
                                 context_tokens=ctx_tokens[j], kind=kind)
             (rt if kind == "rt" else be).append(r)
-        oracle = _FreeSlots(p.free_kv_blocks * self.block_size)
+        self.rt_keys = {r.req_id for r in rt}
+        self.rt_extra_blocks = 0
+        if self.rt_room is not None:
+            self.rt_extra_blocks = max(0, self.rt_room() - p.free_kv_blocks)
+        oracle = _FreeSlots(p.free_kv_blocks * self.block_size,
+                            (p.free_kv_blocks + self.rt_extra_blocks) * self.block_size)
         sel = self.scheduler.select(rt, be, blocks=oracle)
         self.last_selection = sel
         self.allowed = {r.req_id for r in sel.batch if not isinstance(r.req_id, tuple)}
@@ -80,6 +102,13 @@ class BrosAdmission:
     def may_admit_candidate(self, batch, candidate, free_kv_blocks):
         if candidate.key not in self.allowed:
             return False, "not selected by BROS this iteration"
+        if candidate.key in self.rt_keys and self.rt_room is not None:
+            # FindPreemptBlock: overwritable BE slots count, and a system prompt that a running
+            # generation holds is shared, not allocated again (the engine checks the real need).
+            free_kv_blocks += self.rt_extra_blocks
+            if any(g.skill_set == candidate.skill_set for g in batch):
+                shared = min(candidate.shared_tokens, max(0, candidate.context_tokens - 1))
+                free_kv_blocks += shared // self.block_size
         return kv_blocks_ok(candidate, free_kv_blocks)
 
     def note_admission(self) -> None:
@@ -90,13 +119,15 @@ class BrosAdmission:
 
 
 class _FreeSlots:
-    """BROS's FindBlock over a plain paged KV (no bidirectional blocks): free slots for anyone."""
+    """BROS's FindBlock from the admission's point of view: free slots for anyone, and for RT
+    requests also the BE slots they may overwrite (`rt_slots`; none on a plain paged KV)."""
 
-    def __init__(self, slots: int):
+    def __init__(self, slots: int, rt_slots: int | None = None):
         self.slots = int(slots)
+        self.rt_slots = self.slots if rt_slots is None else int(rt_slots)
 
     def rt_capacity(self, req_id) -> int:
-        return self.slots
+        return self.rt_slots
 
     def be_capacity(self, req_id) -> int:
         return self.slots
@@ -123,6 +154,7 @@ class _BrosAdmissionParams:
         if self.b_base < 1:
             raise ValueError(f"b_base must be >= 1, got {self.b_base}")
         self._admission: BrosAdmission | None = None
+        self._own_engine = None  # the simulated engine make_simulated_engine built, if any
 
     def make_admission(self, ctx: SchedulerContext):
         self._admission = BrosAdmission(self, ctx)
@@ -144,14 +176,31 @@ class _BrosAdmissionParams:
 @dataclass
 class BrosPolicy(_BrosAdmissionParams, Policy):
     """BROS (002) for a robot fleet: urgent or tight segments are RT (served by slack), the rest
-    BE (in arrival order), admitted by BROS's per-iteration selection."""
+    BE (in arrival order), admitted by BROS's per-iteration selection.
+
+    `bidirectional_kv`: evaluate it in simulation on `BidirectionalKvEngine` (BROS's shared
+    RT/BE blocks with lazy checkpointing); False (`bros-recompute`) = the standard paged engine,
+    where room for RT work comes only from preemption by recompute, as on the real engine."""
 
     name: str = "bros"
     dispatch: str = "segment"
+    bidirectional_kv: bool = True
 
     @property
     def t_avg_s(self) -> float:
         return self._admission.scheduler.t_avg_s if self._admission else self.t_avg_init_s
+
+    def service_class(self, gen: GenerationInfo, now: float) -> str:
+        return _service_class(urgent=gen.is_urgent, deadline_s=gen.deadline_s, now=now,
+                              tokens_left=gen.bound_tokens, t_avg_s=self.t_avg_s,
+                              be_slack_s=self.be_slack_s)
+
+    def make_simulated_engine(self, profile: Any, **engine_kwargs: Any) -> Any:
+        if not self.bidirectional_kv:
+            return None
+        from timelyllm_ros.core.engine.bidirectional_kv_engine import BidirectionalKvEngine
+        self._own_engine = BidirectionalKvEngine(profile, **engine_kwargs)
+        return self._own_engine
 
     def priorities(self, view: QueueView, now: float) -> np.ndarray:
         from timelyllm_ros.core.seeds.bros import split_queue
@@ -177,5 +226,7 @@ class TimelyBrosPolicy(_BrosAdmissionParams, TimelyPolicy):
 
 def register(register, fixed) -> None:
     register("bros", fixed(BrosPolicy, name="bros"))
+    # The recompute approximation of the bidirectional blocks (the paper's ablation).
+    register("bros-recompute", fixed(BrosPolicy, name="bros-recompute", bidirectional_kv=False))
     register("timelyllm-bros", fixed(TimelyBrosPolicy, name="timelyllm-bros",
                                      slack_scaling="max_slack_g"))
