@@ -244,19 +244,8 @@ class BidirectionalKvEngine(SimulatedEngine):
                     self._swap_in(rid)
                 self._slot_reserved.discard(rid)
             else:
-                for block, block_hash in hits:
-                    self._pool.touch(block)
-                    seq.blocks.append(block)
-                    seq.block_hashes.append(block_hash)
-                computed = len(hits) * bs
-                if seq.swap_tokens > computed:  # a swap pause's host copy is copied back
-                    tokens_in = seq.swap_tokens - computed
-                    cost = self._swap_s(tokens_in)
-                    swap_in_s += cost
-                    self.pause_stats["swap_in_tokens"] += tokens_in
-                    self.pause_stats["swap_in_s"] += cost
-                    computed = seq.swap_tokens
-                seq.swap_tokens = 0
+                computed, cost = self._attach_prefix_hits(seq, hits)
+                swap_in_s += cost
                 self._fits(rid, side, new_slots)
             self._append(rid, side, new_slots)
             seq.num_computed = computed

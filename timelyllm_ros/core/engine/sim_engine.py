@@ -488,7 +488,6 @@ class SimulatedEngine:
         admitted: list[_Sequence] = []
         cached: dict[str, int] = {}
         swap_in_s = 0.0
-        bs = self._block_size
         while self._waiting and len(self._running) < self.max_num_seqs:
             seq = self._waiting[0]
             if seq.blocks:  # resumed after a preserved pause: it still holds its blocks
@@ -507,19 +506,8 @@ class SimulatedEngine:
             if seq.blocks:
                 computed = seq.num_computed
             else:
-                for block, block_hash in hits:
-                    self._pool.touch(block)
-                    seq.blocks.append(block)
-                    seq.block_hashes.append(block_hash)
-                computed = len(hits) * bs
-                if seq.swap_tokens > computed:  # the rest of the host copy is copied back
-                    tokens_in = seq.swap_tokens - computed
-                    cost = self._swap_s(tokens_in)
-                    swap_in_s += cost
-                    self.pause_stats["swap_in_tokens"] += tokens_in
-                    self.pause_stats["swap_in_s"] += cost
-                    computed = seq.swap_tokens
-                seq.swap_tokens = 0
+                computed, cost = self._attach_prefix_hits(seq, hits)
+                swap_in_s += cost
             for _ in range(need_new):
                 seq.blocks.append(self._pool.allocate())
             seq.num_computed = computed
@@ -527,6 +515,24 @@ class SimulatedEngine:
             self._running.append(seq)
             admitted.append(seq)
         return admitted, cached, swap_in_s
+
+    def _attach_prefix_hits(self, seq: _Sequence, hits: list[tuple[int, int]]) -> tuple[int, float]:
+        """Give an admitted sequence its cached blocks and, after a swap pause, copy back the
+        part of its host copy the cache no longer holds. Returns (tokens computed, swap-in s)."""
+        for block, block_hash in hits:
+            self._pool.touch(block)
+            seq.blocks.append(block)
+            seq.block_hashes.append(block_hash)
+        computed = len(hits) * self._block_size
+        cost = 0.0
+        if seq.swap_tokens > computed:
+            tokens_in = seq.swap_tokens - computed
+            cost = self._swap_s(tokens_in)
+            self.pause_stats["swap_in_tokens"] += tokens_in
+            self.pause_stats["swap_in_s"] += cost
+            computed = seq.swap_tokens
+        seq.swap_tokens = 0
+        return computed, cost
 
     def _prefix_hits(self, seq: _Sequence) -> list[tuple[int, int]]:
         """Leading cached blocks of the sequence; the last token is always recomputed for logits."""
