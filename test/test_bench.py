@@ -17,6 +17,7 @@ from timelyllm_ros.bench.metrics import (METRIC_KEYS, compute_metrics, format_ta
                                          results_json)
 from timelyllm_ros.core.engine.sim_engine import PieceTokenizer
 from timelyllm_ros.core.exec_model import ExecutionTimeModel
+from timelyllm_ros.core.policies.registry import get_policy
 from timelyllm_ros.core.skills.skillset import load_skillsets
 from timelyllm_ros.core.tuf import default_config_dir
 from timelyllm_ros.core.skills.base import SkillCall
@@ -96,24 +97,43 @@ def test_pad_skill_sets():
     assert pad_skill_sets(sets, 10, instructions)["drone"] is sets["drone"]  # already longer
 
 
-def test_engine_pool_rebuilds_only_on_cache_change():
+def test_engine_pool_rebuilds_only_on_cache_or_scheduling_change():
     built = []
 
     class Fake:
-        def __init__(self, cache):
+        def __init__(self, cache, policy):
             self.cache, self.closed = cache, False
+            self.scheduling = policy.engine_scheduling if policy else "fcfs"
             built.append(self)
 
         def shutdown(self):
             self.closed = True
 
-    pool = EnginePool(BenchConfig(), build=lambda cfg, prefix_cache: Fake(prefix_cache))
+    pool = EnginePool(BenchConfig(), build=lambda cfg, prefix_cache, policy: Fake(prefix_cache,
+                                                                                   policy))
     a = pool.get(False)
     assert pool.get(False) is a and len(built) == 1
     b = pool.get(True)
     assert a.closed and b.cache is True and len(built) == 2
+    # Same cache setting and scheduling: kept; a policy that wants vLLM's priority scheduling
+    # (the BROS family) gets an engine built for it.
+    assert pool.get(True, get_policy("timelyllm")) is b and len(built) == 2
+    c = pool.get(True, get_policy("bros"))
+    assert b.closed and c.scheduling == "priority" and len(built) == 3
     pool.shutdown()
-    assert b.closed
+    assert c.closed
+
+
+def test_real_engine_gets_the_policys_scheduling(monkeypatch):
+    from timelyllm_ros.core.engine import vllm_engine
+    monkeypatch.setattr(vllm_engine, "VllmEngine", lambda config: config)
+    cfg = BenchConfig(engine="vllm", model="some/model")
+    assert build_engine(cfg, policy=get_policy("bros")).scheduling_policy == "priority"
+    assert build_engine(cfg, policy=get_policy("timelyllm")).scheduling_policy == "fcfs"
+    override = BenchConfig(engine="vllm", model="m", vllm_config={"scheduling_policy": "fcfs"})
+    assert build_engine(override, policy=get_policy("bros")).scheduling_policy == "fcfs"
+    with pytest.raises(ValueError, match="scheduling_policy"):
+        vllm_engine.VllmEngineConfig(model="m", scheduling_policy="lifo")
 
 
 def test_real_engine_baseline_without_prefix_cache(monkeypatch):

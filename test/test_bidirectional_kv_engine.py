@@ -1,5 +1,8 @@
 import dataclasses
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 import numpy as np
 import pytest
 
@@ -224,4 +227,75 @@ def test_bench_run_on_tight_kv_uses_the_bidirectional_blocks(monkeypatch):
     stats = engine.bidir_stats
     assert stats["rt_overwrites"] > 0 and stats["checkpointed_slots"] > 0
     assert stats["swapped_in_slots"] > 0 and stats["swap_out_s"] > 0
+    _assert_no_leaks(engine)
+
+
+def _be_blocks_with_holes(engine, count=4, hole=8):
+    """`count` region blocks, each a BE request's with `hole` slots an RT request overwrote and
+    then gave back: empty slots that only that BE request or an RT request can reach."""
+    kv = engine.bidirectional_kv
+    engine._borrow_blocks(count)
+    for i in range(count):
+        kv.append_be(f"old-be{i}", BS)
+    for i in range(count):  # all held at once, or the next would reuse the last one's hole
+        kv.append_rt(f"old-rt{i}", hole)
+    for i in range(count):
+        kv.release(f"old-rt{i}")
+    return kv
+
+
+def test_free_count_leaves_out_slots_only_rt_requests_can_reach():
+    engine = _engine(8)
+    kv = _be_blocks_with_holes(engine)
+    assert kv.empty_slots() == 4 * 8
+    # A newcomer BE request cannot use the holes: they are not free blocks.
+    assert engine.kv_usage().free_blocks == 8 - 4
+    # An RT request can: the holes and every BE slot it may overwrite count for it.
+    assert engine.rt_room_blocks() == 8
+
+
+def test_be_request_that_cannot_be_placed_does_not_hold_back_rt():
+    engine = _engine(8)
+    _be_blocks_with_holes(engine)
+    # 70 slots: more than the 4 free blocks, so the BE request must wait; the RT request
+    # behind it fits (holes + free blocks) and is admitted first.
+    engine.add_request(_req("be", 70, "a b", "be", base=3000))
+    engine.add_request(_req("rt", 70, "c d", "rt", base=4000))
+    engine.step()
+    assert engine.last_step_timing().extra["admitted"] == ["rt"]
+    assert engine.num_waiting() == 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["rt", "be"]), st.integers(1, 60),
+                          st.integers(1, 12), st.integers(0, 6)), min_size=1, max_size=12))
+def test_random_mixes_on_a_tiny_kv_finish_intact_and_leak_nothing(requests):
+    # Every request fits the KV on its own; together they overflow it, so RT requests
+    # overwrite BE slots, BE requests swap back in, and the fallback preempts by recompute.
+    engine = _engine(8)
+    scripts, text = {}, {}
+    for i, (cls, prompt, words, delay) in enumerate(requests):
+        script = " ".join(f"t{i}x{k}" for k in range(words))
+        scripts[f"r{i}"] = script
+        engine.add_request(_req(f"r{i}", prompt, script, cls, base=1000 * (i + 1)))
+        for _ in range(delay):
+            for out in engine.step():
+                text[out.request_id] = text.get(out.request_id, "") + out.new_text
+    _drain(engine, text)
+    assert text == scripts
+    _assert_no_leaks(engine)
+
+
+def test_chunked_prefill_on_shared_blocks_finishes_intact():
+    # A 150-token prompt on a 40-token budget is prefilled over four steps while an RT request
+    # decodes beside it: every slot it was given at admission is used, nothing is left over.
+    profile = dataclasses.replace(EngineProfile(), kv_total_blocks=64, max_num_batched_tokens=40)
+    engine = BidirectionalKvEngine(profile, max_num_seqs=4)
+    engine.add_request(_req("long", 150, "a b", "be", base=1000))
+    engine.add_request(_req("short", 3, "x y z w v u", "rt", base=5000))
+    text, timings = _drain(engine)
+    assert text == {"long": "a b", "short": "x y z w v u"}
+    assert sum(t.prefill_tokens for t in timings) == 150 + 3
+    assert max(t.extra["scheduled_tokens"] for t in timings) <= 40
+    assert sum(1 for t in timings if t.extra["partial_prefills"]) >= 3
     _assert_no_leaks(engine)

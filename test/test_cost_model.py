@@ -34,7 +34,8 @@ def test_shipped_yaml_is_the_default_profile():
 
 def test_yaml_round_trip(tmp_path):
     p = EngineProfile(name="x", prefill_fixed_s=0.001, decode_per_ctx_token_s=1.234567e-7,
-                      kv_total_blocks=77, source="line one\nline two")
+                      kv_total_blocks=77, max_num_batched_tokens=512,
+                      source="line one\nline two")
     path = tmp_path / "p.yaml"
     p.to_yaml(path)
     assert EngineProfile.from_yaml(path) == p
@@ -55,6 +56,7 @@ def test_yaml_partial_override_keeps_defaults(tmp_path):
         ("prefill_per_token_s: fast\n", "prefill_per_token_s"),
         ("kv_block_size: 0\n", "kv_block_size"),
         ("kv_total_blocks: 12.5\n", "kv_total_blocks"),
+        ("max_num_batched_tokens: 0\n", "max_num_batched_tokens"),
         ("name: ''\n", "name"),
     ],
 )

@@ -52,6 +52,27 @@ def test_cut_inside_a_token_owes_the_boundary_characters():
     assert g.token_ends == [2, 3, 5, 7, 8]
 
 
+def test_keep_pending_keeps_the_statement_in_progress():
+    g = GeneratedText()
+    for i, piece in enumerate(["Hello", " there", ".", " How", " are"]):
+        g.append([i], piece)
+    g.consumed = 12  # after "Hello there."; " How are" is the sentence in progress
+    assert g.cut_for_resume(keep_pending=True) == ""
+    assert g.text == "Hello there. How are" and g.token_ids == [0, 1, 2, 3, 4]
+    assert g.pending_text == " How are"
+
+
+def test_keep_pending_still_drops_tokens_whose_text_has_not_shown():
+    g = GeneratedText()
+    g.append([0], "Hi.")
+    g.append([1], " Ok")
+    g.append([2], "")  # held back by the detokenizer
+    g.consumed = 3
+    assert g.cut_for_resume(keep_pending=True) == ""
+    # The step before the silent token may have shown only part of its text: both go.
+    assert g.text == "Hi." and g.token_ids == [0]
+
+
 def test_cut_on_a_token_boundary_owes_nothing():
     g = GeneratedText()
     for i, piece in enumerate(["tk", ";", "mf"]):
@@ -167,7 +188,12 @@ def test_cut_for_resume_property(stream, flush, data):
     assert all(0 <= e <= len(g.text) for e in g.token_ends)
 
     g.consumed = data.draw(st.integers(0, len(original)))
-    owed = g.cut_for_resume()
+    keep_pending = data.draw(st.booleans())
+    owed = g.cut_for_resume(keep_pending=keep_pending)
+    if keep_pending:
+        # Kept text reaches the boundary or beyond it (the statement in progress), never less
+        # unless a silent token forced an earlier cut, whose text is then owed.
+        assert g.text + owed == original[:max(g.consumed, len(g.text))]
 
     assert len(g.token_ends) == len(g.token_ids)
     assert all(e <= len(g.text) for e in g.token_ends)
@@ -177,14 +203,18 @@ def test_cut_for_resume_property(stream, flush, data):
     assert g.text == "".join(vocab[i] for i in g.token_ids)
     assert g.token_ids == [i for ids, _ in steps for i in ids][:len(g.token_ids)]
     # ...and kept text + owed text is the original text up to the boundary.
-    assert g.text + owed == original[:g.consumed]
+    if not keep_pending:
+        assert g.text + owed == original[:g.consumed]
     assert original.startswith(g.text + owed)
 
     # Resuming: the owed text comes back first, then more; nothing before `consumed` is
-    # offered for segmentation again.
+    # offered for segmentation again (a kept statement in progress is still pending).
+    in_progress = (g.text + owed)[g.consumed:]
     g.append([99], owed + "x")
     assert g.text[:g.consumed] == original[:g.consumed]
-    assert g.pending_text == "x"
+    assert g.pending_text == in_progress + "x"
+    if not keep_pending:
+        assert in_progress == ""
 
 
 # ------------------------------------------------------------------ resume_regex

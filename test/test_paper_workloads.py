@@ -184,6 +184,19 @@ def test_cli_runs_a_paper_workload_and_skips_policies_that_cannot_pause(tmp_path
     assert math.isfinite(doc["paper_metrics"]["lamps"]["latency_mean_s"])
 
 
+def test_cli_kv_blocks_overrides_the_profile_kv(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert bench_cli.main(["--workload", "WID1", "--duration-s", "20", "--policies", "fcfs-seg",
+                           "--kv-blocks", "300", "--json", str(out), "--no-progress"]) == 0
+    bench = json.loads(out.read_text())["workload"]["bench"]
+    assert bench["kv_blocks"] == 300 and bench["max_num_batched_tokens"] == 8192
+    assert bench_cli.main(["--workload", "WID1", "--kv-blocks", "0", "--no-progress"]) == 2
+    assert "--kv-blocks: kv_total_blocks: must be >= 1" in capsys.readouterr().err
+    assert bench_cli.main(["--workload", "WID1", "--kv-blocks", "300", "--engine", "vllm",
+                           "--model", "x", "--no-progress"]) == 2
+    assert "--kv-blocks" in capsys.readouterr().err
+
+
 def test_cli_rejects_paper_workloads_on_the_real_engine_and_fixed_size_durations(capsys):
     assert bench_cli.main(["--workload", "seed003-gsm8k", "--engine", "vllm", "--model", "x",
                            "--no-progress"]) == 2

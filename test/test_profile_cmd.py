@@ -15,7 +15,8 @@ from timelyllm_ros.profile_cmd import FULL, QUICK, ProfilePlan, Profiler, fit_me
 
 TRUE = EngineProfile(name="truth", prefill_fixed_s=0.03, prefill_per_token_s=0.004,
                      decode_fixed_s=0.05, decode_per_seq_s=0.002, decode_per_ctx_token_s=3e-6,
-                     kv_block_size=32, kv_total_blocks=600, max_model_len=2048)
+                     kv_block_size=32, kv_total_blocks=600, max_model_len=2048,
+                     max_num_batched_tokens=4096)
 SMALL = ProfilePlan(prefill_lengths=(16, 64, 200), prefill_repeats=2, decode_batches=(1, 3, 6),
                     decode_contexts=(64, 256), decode_steps=3)
 
@@ -38,6 +39,8 @@ def test_simulated_engine_profile_is_recovered():
                 "decode_per_ctx_token_s"):
         assert getattr(fitted, key) == pytest.approx(getattr(TRUE, key), rel=1e-6, abs=1e-12), key
     assert (fitted.kv_block_size, fitted.kv_total_blocks, fitted.max_model_len) == (32, 600, 2048)
+    # The engine's token budget per step is read from it, not assumed.
+    assert fitted.max_num_batched_tokens == 4096
     assert "test" in fitted.source and "fit_profile" in fitted.source
     # The engine is left idle and clean.
     assert not engine.has_unfinished_requests()

@@ -50,3 +50,19 @@ def test_sim_engine_planner_serves_trace_plans_over_ros(tmp_path, monkeypatch):
             assert final["urgent-6"].cached_tokens_total > 0
         finally:
             client.close()
+
+
+def test_planner_refuses_an_unknown_engine_scheduling_policy(monkeypatch):
+    monkeypatch.setenv("ROS_DOMAIN_ID", "132")
+    isolate_ros_network()
+    import rclpy
+
+    from timelyllm_ros.nodes.planner_node import PlannerNode
+
+    rclpy.init(args=["--ros-args", "-p", "engine.kind:=sim", "-p", "robots:=['drone_1:drone']",
+                     "-p", "engine.scheduling_policy:=lifo"])
+    try:
+        with pytest.raises(ValueError, match="parameter engine.scheduling_policy: 'lifo'"):
+            PlannerNode()
+    finally:
+        rclpy.shutdown()

@@ -218,6 +218,32 @@ def test_rt_prefers_empty_blocks_and_be_never_overwrites():
     assert kv.gpu_slots("r") == 16 and kv.gpu_slots("b") == 16
 
 
+def test_rt_reaches_the_be_slots_of_every_block_it_claimed():
+    # Regression: capacity counted both part-BE blocks, but once the RT request had claimed
+    # both for their empty slots it could only overwrite the BE slots of the last one.
+    kv = BidirectionalKV(2, 16)
+    kv.append_be("a", 6)
+    kv.append_be("b", 11)
+    assert kv.rt_capacity("r") == 32
+    assert kv.append_rt("r", 30) == 30 - (10 + 5)     # 15 empty slots, then 15 overwritten
+    assert kv.host_slots("a") + kv.host_slots("b") == 15
+    assert kv.gpu_slots("r") == 30
+    kv.slot_owners()
+
+
+def test_checkpointed_be_swaps_back_into_the_hole_in_its_own_block():
+    kv = BidirectionalKV(3, 16)
+    kv.append_be("b", 32)                         # blocks 0 and 1, full
+    kv.append_rt("r", 16)                         # the empty block 2
+    assert kv.append_rt("r", 4) == 4              # overwrites 4 BE slots of block 0
+    kv.release("r")
+    assert kv.blocks_of("b") == [0, 1] and kv.be_fill[0] == 12
+    assert kv.be_capacity("b") == 4 + 16          # its hole, and the empty block 2
+    assert kv.swap_in("b") == 4
+    # Back into its own hole (not its last block), leaving block 2 empty for others.
+    assert kv.blocks_of("b") == [0, 1] and kv.be_fill[0] == 16 and kv.be_fill[2] == 0
+
+
 OPS = st.lists(
     st.one_of(
         st.tuples(st.just("rt"), st.integers(0, 2), st.integers(0, 40)),
@@ -232,7 +258,46 @@ OPS = st.lists(
 @settings(max_examples=150, deadline=None)
 @given(OPS)
 def test_bidirectional_kv_properties(ops):
-    kv = BidirectionalKV(6, 16)
+    _check_kv_ops(ops, BidirectionalKV(6, 16))
+
+
+DENSE_OPS = st.lists(
+    st.tuples(st.sampled_from(["rt", "be", "swap", "release_rt", "release_be"]),
+              st.integers(0, 3), st.integers(0, 9)),
+    max_size=60)
+
+
+@settings(max_examples=300, deadline=None)
+@given(DENSE_OPS)
+def test_bidirectional_kv_properties_dense(ops):
+    # Small blocks and many requests: every block is shared and fronts meet all the time.
+    _check_kv_ops(ops, BidirectionalKV(3, 4))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 6), min_size=1, max_size=8), st.data())
+def test_rt_append_within_capacity_always_fits(be_sizes, data):
+    # The contract admission relies on: whatever the BE layout, and however much the RT request
+    # already holds, an append within rt_capacity succeeds and loses no BE slot.
+    kv = BidirectionalKV(4, 4)
+    for i, n in enumerate(be_sizes):
+        if n <= kv.be_capacity(f"b{i}"):
+            kv.append_be(f"b{i}", n)
+    be_names = [f"b{i}" for i in range(len(be_sizes))]
+    be_total = sum(kv.gpu_slots(b) + kv.host_slots(b) for b in be_names)
+    held = 0
+    for _ in range(2):
+        n = data.draw(st.integers(0, kv.rt_capacity("r")))
+        reachable = kv.reachable_empty_rt("r")
+        assert kv.append_rt("r", n) == max(0, n - reachable)
+        held += n
+        assert kv.gpu_slots("r") == held
+        assert sum(kv.gpu_slots(b) + kv.host_slots(b) for b in be_names) == be_total
+        kv.slot_owners()
+
+
+def _check_kv_ops(ops, kv):
+    size = kv.size
     logical = {}              # tokens each live request has written
     ever_ckpt = 0
     for op, i, n in ops:
@@ -274,7 +339,7 @@ def test_bidirectional_kv_properties(ops):
             kv.release(name)
             logical.pop(name, None)
         owners = kv.slot_owners()     # raises if RT and BE regions overlap
-        assert np.all(kv.rt_fill + kv.be_fill <= 16)
+        assert np.all(kv.rt_fill + kv.be_fill <= size)
         # every written token is on the device or checkpointed, never lost or duplicated
         for k, tokens in logical.items():
             assert kv.gpu_slots(k) + kv.host_slots(k) == tokens

@@ -321,3 +321,101 @@ def test_shutdown_drops_everything():
     engine.shutdown()
     assert not engine.has_unfinished_requests()
     assert engine.kv_usage().free_blocks == engine.kv_usage().total_blocks
+
+
+# ---- token budget: chunked prefill (vLLM V1) ----
+
+def _budget_engine(budget, **kw):
+    from dataclasses import replace
+    return SimulatedEngine(replace(EngineProfile(), max_num_batched_tokens=budget), **kw)
+
+
+def test_long_prompt_is_prefilled_in_chunks_of_the_step_budget():
+    engine = _budget_engine(64, max_num_seqs=8)
+    engine.add_request(EngineRequest("long", list(range(1000, 1150)), 8, scripted_text="a b"))
+    engine.add_request(EngineRequest("short", list(range(2000, 2010)), 8, scripted_text="c"))
+    steps = []
+    while engine.has_unfinished_requests():
+        before = engine.now()
+        outs = engine.step()
+        t = engine.last_step_timing()
+        steps.append((t.prefill_tokens, t.batch_size, sorted(o.request_id for o in outs),
+                      t.extra["scheduled_tokens"]))
+        # Every step is priced by the cost model on what it computed, and never exceeds the budget.
+        assert t.extra["scheduled_tokens"] <= 64
+        assert engine.now() - before == pytest.approx(engine.profile.step_s(
+            t.prefill_tokens, t.batch_size, t.extra["context_tokens"]))
+    # 150 prompt tokens: chunks of 64 and 64 (nothing emitted yet, the short one waits for
+    # budget), then the last 22 with its first token, while the short prompt gets 10 tokens.
+    assert steps[0] == (64, 1, [], 64)
+    assert steps[1] == (64, 1, [], 64)
+    assert steps[2] == (22 + 10, 2, ["long", "short"], 32)
+    assert sum(s[0] for s in steps) == 150 + 10
+
+
+def test_decodes_are_scheduled_before_new_prefills():
+    engine = _budget_engine(16, max_num_seqs=4)
+    for i in range(3):
+        engine.add_request(EngineRequest(f"r{i}", list(range(100 * i, 100 * i + 5)), 8,
+                                         scripted_text="x y z w"))
+    engine.step()  # 3 prompts of 5 tokens: 15 of the 16 tokens
+    engine.add_request(EngineRequest("late", list(range(900, 940)), 8, scripted_text="q"))
+    engine.step()
+    t = engine.last_step_timing()
+    # Three decodes first (3 tokens), then a 13-token chunk of the late prompt.
+    assert t.extra["scheduled_tokens"] == 16 and t.prefill_tokens == 13
+    assert t.extra["partial_prefills"] == 1
+
+
+def test_cached_tokens_are_reported_with_the_first_token_of_a_chunked_prompt():
+    engine = _budget_engine(32, max_num_seqs=4)
+    prompt = engine.tokenize(SYSTEM)
+    engine.add_request(EngineRequest("a", prompt, 4, scripted_text="x"))
+    _run(engine)
+    engine.add_request(EngineRequest("b", prompt + engine.tokenize(" and more words" * 20), 4,
+                                     scripted_text="y"))
+    text, _, cached = _run(engine)
+    assert text == {"b": "y"}
+    assert cached["b"] == (len(prompt) - 1) // 16 * 16 > 0
+
+
+def test_budget_smaller_than_a_full_decode_batch_is_refused():
+    with pytest.raises(ValueError, match="max_num_batched_tokens"):
+        _budget_engine(8, max_num_seqs=16)
+
+
+# ---- engine scheduling: fcfs or priority (vLLM's scheduling_policy) ----
+
+def _classed(rid, base, n, cls, script="a b c d e f g h"):
+    return EngineRequest(rid, list(range(base, base + n)), 16, scripted_text=script,
+                         service_class=cls)
+
+
+@pytest.mark.parametrize("policy, first", [("fcfs", "be"), ("priority", "rt")])
+def test_waiting_requests_are_admitted_by_class_under_priority_scheduling(policy, first):
+    from dataclasses import replace
+    engine = SimulatedEngine(replace(EngineProfile(), kv_total_blocks=3),
+                             scheduling_policy=policy)
+    engine.add_request(_classed("be", 1000, 30, "be"))  # 2 blocks each: only one fits
+    engine.add_request(_classed("rt", 2000, 30, "rt"))
+    engine.step()
+    assert engine.last_step_timing().extra["admitted"] == [first]
+
+
+@pytest.mark.parametrize("policy, victim", [("fcfs", "rt"), ("priority", "be")])
+def test_preemption_victim_follows_the_scheduling_policy(policy, victim):
+    from dataclasses import replace
+    engine = SimulatedEngine(replace(EngineProfile(), kv_total_blocks=4),
+                             scheduling_policy=policy)
+    engine.add_request(_classed("be", 1000, 32, "be"))  # two full blocks each, admitted together
+    engine.add_request(_classed("rt", 2000, 32, "rt"))
+    engine.step()
+    engine.step()  # both need a third block for their next token; one is preempted
+    assert engine.last_step_timing().extra["preempted"] == [victim]
+    text, _, _ = _run(engine)
+    assert engine.kv_usage().free_blocks == 4
+
+
+def test_unknown_scheduling_policy_is_refused():
+    with pytest.raises(ValueError, match="scheduling_policy"):
+        SimulatedEngine(scheduling_policy="lottery")

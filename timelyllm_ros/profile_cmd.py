@@ -93,6 +93,7 @@ class Measurements:
     kv_block_size: int = 16
     kv_total_blocks: int = 1
     max_model_len: int = 1
+    max_num_batched_tokens: int = 8192
     # Samples the robust fit dropped (filled by fit_measurements).
     outliers: list[str] = field(default_factory=list)
 
@@ -189,6 +190,9 @@ class Profiler:
         kv = self.engine.kv_usage()
         m.kv_block_size, m.kv_total_blocks, m.max_model_len = \
             int(kv.block_size), int(kv.total_blocks), max_len
+        budget = getattr(self.engine, "max_num_batched_tokens", None)
+        if budget is not None:
+            m.max_num_batched_tokens = int(budget())
         if plan.warmup:
             self.log("warm-up ...")
             self.warmup()
@@ -271,7 +275,7 @@ def fit_measurements(m: Measurements, *, name: str, source: str,
         return fit_profile(
             pre, dec, name=name, source=source + note, kv_block_size=m.kv_block_size,
             kv_total_blocks=m.kv_total_blocks, max_model_len=m.max_model_len,
-            prefill_includes_first_decode=True)
+            max_num_batched_tokens=m.max_num_batched_tokens, prefill_includes_first_decode=True)
 
     profile = fit(prefill, decode)
     budget_p, budget_d = len(prefill) // 3, len(decode) // 3

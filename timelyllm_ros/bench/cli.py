@@ -3,7 +3,8 @@
     timelyllm bench --workload WID1 --policies vllm,vllm-stream,fcfs-seg,edf-seg,timelyllm \\
         [--engine sim|vllm] [--seed N] [--batch-cap N] [--sweep-batch-cap 1,2,4,8,16] \\
         [--json FILE] [--plots DIR] [--profile config/engine_profiles/X.yaml] [--model DIR] \\
-        [--duration-s S] [--prompt-tokens N|none] [--baseline-prefix-cache on|off]
+        [--duration-s S] [--prompt-tokens N|none] [--baseline-prefix-cache on|off] \
+        [--kv-blocks N]
 
 Every policy replays the same event list with the same robot execution times. Defaults are the
 paper's configuration: 2884-token prompts (simulated engine), vllm / vllm-stream without prefix
@@ -155,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default=None,
                    help="engine profile YAML for the simulated engine "
                         "(default: config/engine_profiles/llama3-8b-rtx4090.yaml)")
+    p.add_argument("--kv-blocks", type=int, default=None, metavar="N",
+                   help="simulated engine: KV cache of N blocks instead of the profile's (how "
+                        "much a policy's KV handling matters depends on the KV pressure)")
     p.add_argument("--model", default=None, help="local model directory (--engine vllm)")
     p.add_argument("--duration-s", type=float, default=None,
                    help="replay only the first S seconds of the workload")
@@ -371,6 +375,15 @@ def _main(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if scenario is not None:
         config = scenario.configure(config)
+    if args.kv_blocks is not None:
+        if args.engine != "sim":
+            raise UsageError("--kv-blocks: the real engine's KV size is vLLM's (memory_fraction)")
+        try:
+            config = replace(config, profile=replace(config.load_profile(),
+                                                     kv_total_blocks=args.kv_blocks))
+        except ValueError as exc:
+            raise UsageError(f"--kv-blocks: {exc}") from None
+        print(f"KV cache: {args.kv_blocks} blocks", file=sys.stderr)
     seed = workload.seed if args.seed is None else args.seed
     progress = not args.no_progress
     n_tasks = sum(len(e.tasks) for e in events)

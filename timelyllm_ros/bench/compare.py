@@ -4,6 +4,9 @@
     python -m timelyllm_ros.bench.compare --out out/compare \\
         --figure docs/figures/policies-all.png [--policies a,b,...] [--workloads ...] [--jobs 2]
 
+A workload written `NAME@kvN` is NAME on a KV cache of N blocks (e.g. `seed002-rtbe@kv320`: how
+much BROS's bidirectional blocks matter depends on KV pressure).
+
 Each (workload, policy) run is independent and deterministic, so runs are spread over `--jobs`
 processes; results are cached as JSON per run in `--out` (delete a file to rerun it). A run that
 cannot finish (a policy that livelocks, such as alpha-greedy clearing forever) is recorded with
@@ -23,6 +26,8 @@ from typing import Any, Sequence
 
 ROBOT_WORKLOADS = ("WID1", "WID2", "WID3")
 PAPER_WORKLOADS = ("seed001-chat", "seed002-rtbe", "seed003-gsm8k", "seed004-api")
+# Paper workloads again on a tight KV cache (an eighth of the default 2560 blocks).
+TIGHT_KV_WORKLOADS = ("seed002-rtbe@kv320",)
 POLICIES = ("vllm", "vllm-stream", "fcfs-seg", "edf-seg", "timelyllm", "mcsf", "mcsf-utility",
             "mcsf-shared", "mcsf-alpha-greedy", "mcsf-alpha-beta", "bros", "bros-recompute",
             "hybrid", "hybrid-nogate", "lamps", "infercept", "timelyllm-mcsf", "timelyllm-bros",
@@ -42,8 +47,23 @@ HEADLINE = {
 }
 
 
+def split_workload(workload: str) -> tuple[str, int | None]:
+    """`NAME@kvN` -> (NAME, N); a plain name -> (name, None). ValueError names what is wrong."""
+    base, sep, kv = workload.partition("@kv")
+    if not sep:
+        return workload, None
+    if not kv.isdigit() or int(kv) < 1:
+        raise ValueError(f"workload {workload}: '@kv' must be followed by a block count >= 1")
+    return base, int(kv)
+
+
+def headline(workload: str) -> tuple[str, str, bool]:
+    return HEADLINE[split_workload(workload)[0]]
+
+
 def run_one(workload: str, policy: str) -> dict[str, Any]:
     """One replay, summarised (runs in a worker process)."""
+    import dataclasses
     from timelyllm_ros.bench.harness import BenchConfig, run_policy
     from timelyllm_ros.bench.metrics import compute_metrics
     from timelyllm_ros.bench.paper_metrics import paper_metrics
@@ -52,9 +72,13 @@ def run_one(workload: str, policy: str) -> dict[str, Any]:
 
     started = time.perf_counter()
     config = BenchConfig(max_overrun_s=MAX_OVERRUN_S)
+    workload, kv_blocks = split_workload(workload)
     if workload in PAPER_WORKLOADS:
         from timelyllm_ros.bench.paper_workloads import build_scenario
         scenario = build_scenario(workload)
+        if kv_blocks is not None:
+            scenario = dataclasses.replace(scenario, profile=dataclasses.replace(
+                scenario.profile, kv_total_blocks=kv_blocks))
         if scenario.pauses_required and get_policy(policy).dispatch != "segment":
             return {"skipped": "cannot pause a generation for a tool call"}
         events, wl, kwargs = scenario.events, scenario.workload, scenario.run_kwargs()
@@ -62,6 +86,9 @@ def run_one(workload: str, policy: str) -> dict[str, Any]:
     else:
         wl = load_workload(workload)
         events, kwargs = compose(wl), {}
+        if kv_blocks is not None:
+            config = dataclasses.replace(config, profile=dataclasses.replace(
+                config.load_profile(), kv_total_blocks=kv_blocks))
     try:
         run = run_policy(events, policy, wl, config, **kwargs)
     except (RuntimeError, ValueError) as exc:
@@ -111,8 +138,9 @@ def run_all(workloads: Sequence[str], policies: Sequence[str], out: Path, jobs: 
             cell = fut.result()
             results[w][p] = cell
             _cell_path(out, w, p).write_text(json.dumps(_json_safe(cell), indent=1) + "\n")
+            key, label, _ = headline(w)
             state = cell.get("error") or cell.get("skipped") or \
-                f"{HEADLINE[w][1]} {cell.get(HEADLINE[w][0], math.nan):.3f}"
+                f"{label} {cell.get(key, math.nan):.3f}"
             print(f"[{done}/{total}] {w} {p}: {state} ({cell.get('wall_s', 0):.0f} s)",
                   file=sys.stderr, flush=True)
     return results
@@ -138,10 +166,10 @@ def markdown_table(results: dict[str, dict[str, Any]], policies: Sequence[str]) 
     for w in cols:
         if w in ROBOT_WORKLOADS:
             header.append(f"{w} util / wait ms")
-        elif w == "seed002-rtbe":
+        elif split_workload(w)[0] == "seed002-rtbe":
             header.append(f"{w} RT miss % / BE tok/s")
         else:
-            header.append(f"{w} {HEADLINE[w][1]}")
+            header.append(f"{w} {headline(w)[1]}")
     if all(w in cols for w in ROBOT_WORKLOADS):
         header.insert(4, "WID1-3 mean")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -156,11 +184,11 @@ def markdown_table(results: dict[str, dict[str, Any]], policies: Sequence[str]) 
             elif w in ROBOT_WORKLOADS:
                 row.append(f"{_num(cell, 'utility_mean'):.3f} / "
                            f"{1e3 * _num(cell, 'waiting_time_mean_s'):.0f}")
-            elif w == "seed002-rtbe":
+            elif split_workload(w)[0] == "seed002-rtbe":
                 row.append(f"{100 * _num(cell, 'rt_miss_rate'):.1f} / "
                            f"{_num(cell, 'be_tokens_per_s'):.0f}")
             else:
-                row.append(f"{_num(cell, HEADLINE[w][0]):.2f}")
+                row.append(f"{_num(cell, headline(w)[0]):.2f}")
         if all(w in cols for w in ROBOT_WORKLOADS):
             cells = [results[w].get(p, {}) for w in ROBOT_WORKLOADS]
             u = [_num(c, "utility_mean") for c in cells]
@@ -184,7 +212,7 @@ def plot(results: dict[str, dict[str, Any]], policies: Sequence[str], path: Path
     for ax in axes.flat[len(workloads):]:
         ax.axis("off")
     for ax, w in zip(axes.flat, workloads):
-        key, label, lower = HEADLINE[w]
+        key, label, lower = headline(w)
         values = [_num(results[w].get(p, {}), key) for p in policies]
         finite = [v for v in values if math.isfinite(v)]
         best = (min(finite) if lower else max(finite)) if finite else math.nan
@@ -219,14 +247,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--out", default="out/compare", help="folder for per-run JSON (cache)")
     p.add_argument("--figure", default=None, help="write the figure here (PNG)")
     p.add_argument("--policies", default=",".join(POLICIES))
-    p.add_argument("--workloads", default=",".join(ROBOT_WORKLOADS + PAPER_WORKLOADS))
+    p.add_argument("--workloads",
+                   default=",".join(ROBOT_WORKLOADS + PAPER_WORKLOADS + TIGHT_KV_WORKLOADS))
     p.add_argument("--jobs", type=int, default=2)
     args = p.parse_args(argv)
     from timelyllm_ros.core.policies.registry import policy_names
     policies = [x for x in args.policies.split(",") if x]
     unknown = [x for x in policies if x not in policy_names()]
     workloads = [x for x in args.workloads.split(",") if x]
-    bad = [w for w in workloads if w not in HEADLINE]
+    try:
+        bad = [w for w in workloads if split_workload(w)[0] not in HEADLINE]
+    except ValueError as exc:
+        print(f"compare: {exc}", file=sys.stderr)
+        return 2
     if unknown or bad:
         print(f"compare: unknown {'policy ' + unknown[0] if unknown else 'workload ' + bad[0]}",
               file=sys.stderr)

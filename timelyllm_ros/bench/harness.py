@@ -185,7 +185,10 @@ class BenchConfig:
             "robots": self.robots, "report_timeout_min_s": self.report_timeout_min_s,
         }
         if self.engine == "sim":
-            out["profile"] = self.load_profile().name
+            profile = self.load_profile()
+            out["profile"] = profile.name
+            out["kv_blocks"] = profile.kv_total_blocks
+            out["max_num_batched_tokens"] = profile.max_num_batched_tokens
         else:
             out["model"] = self.model
         if self.policy_params:
@@ -408,8 +411,10 @@ def build_engine(config: BenchConfig, prefix_cache: bool = True, policy=None):
     """A fresh engine; `prefix_cache=False` turns automatic prefix caching off. On the simulated
     engine a policy may bring its own engine model (`Policy.make_simulated_engine`: BROS's
     bidirectional KV blocks, MC-SF's clearing baselines)."""
+    scheduling = policy.engine_scheduling if policy is not None else "fcfs"
     if config.engine == "sim":
         kwargs = {} if config.max_num_seqs is None else {"max_num_seqs": config.max_num_seqs}
+        kwargs["scheduling_policy"] = scheduling
         own = (policy.make_simulated_engine(config.load_profile(), **kwargs)
                if policy is not None else None)
         if own is not None:
@@ -420,7 +425,8 @@ def build_engine(config: BenchConfig, prefix_cache: bool = True, policy=None):
     if not config.model:
         raise ValueError("engine vllm: --model DIR (a local model directory) is required")
     from timelyllm_ros.core.engine.vllm_engine import VllmEngine, VllmEngineConfig
-    values = {"model": str(config.model), **dict(config.vllm_config)}
+    values = {"model": str(config.model), "scheduling_policy": scheduling,
+              **dict(config.vllm_config)}
     if not prefix_cache:
         values["enable_prefix_caching"] = False
     return VllmEngine(VllmEngineConfig.from_mapping(values))
@@ -428,25 +434,27 @@ def build_engine(config: BenchConfig, prefix_cache: bool = True, policy=None):
 
 class EnginePool:
     """Real engines for a run of several policies: one engine at a time, kept while consecutive
-    policies need the same prefix-caching setting and rebuilt when they do not (a vLLM engine
-    holds most of the machine's memory, so two are never alive together)."""
+    policies need the same prefix-caching setting and engine scheduling, and rebuilt when they
+    do not (a vLLM engine holds most of the machine's memory, so two are never alive
+    together)."""
 
     def __init__(self, config: BenchConfig, build: Callable[..., Any] | None = None):
         self.config = config
         self._build = build or build_engine
         self._engine = None
-        self._prefix_cache: bool | None = None
+        self._key: tuple | None = None
 
-    def get(self, prefix_cache: bool = True):
-        if self._engine is None or self._prefix_cache != prefix_cache:
+    def get(self, prefix_cache: bool = True, policy=None):
+        key = (prefix_cache, policy.engine_scheduling if policy is not None else "fcfs")
+        if self._engine is None or self._key != key:
             self.shutdown()
-            self._engine = self._build(self.config, prefix_cache=prefix_cache)
-            self._prefix_cache = prefix_cache
+            self._engine = self._build(self.config, prefix_cache=prefix_cache, policy=policy)
+            self._key = key
         return self._engine
 
     def shutdown(self) -> None:
         engine, self._engine = self._engine, None
-        self._prefix_cache = None
+        self._key = None
         if engine is not None:
             engine.shutdown()
 
@@ -558,7 +566,7 @@ def run_policy(events: Sequence[Event], policy_name: str, workload: Workload,
     own_engine = engine is None
     prefix_cache = config.baseline_prefix_cache or policy.dispatch == "segment"
     if isinstance(engine, EnginePool):
-        engine = engine.get(prefix_cache)
+        engine = engine.get(prefix_cache, policy)
     elif engine is None:
         engine = build_engine(config, prefix_cache=prefix_cache, policy=policy)
     simulated = config.engine == "sim"

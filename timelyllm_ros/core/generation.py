@@ -72,15 +72,20 @@ class GeneratedText:
     def pending_text(self) -> str:
         return self.text[self.consumed:]
 
-    def cut_for_resume(self) -> str:
+    def cut_for_resume(self, keep_pending: bool = False) -> str:
         """Drop tokens that run past `consumed` and return the characters owed up to it.
 
         Afterwards `text` is the text of the kept tokens, and `text + owed == old_text[:consumed]`
         (when `consumed <= len(old_text)`).
+
+        `keep_pending`: keep the tokens of the statement in progress too (a generation stopped
+        mid-statement whose continuation needs no grammar state); only tokens whose text has not
+        shown are dropped, and nothing is owed unless that reaches back before `consumed`.
         """
         # Tokens whose text has not (all) shown cannot be kept: their text is unknown.
         keep = self._uncertain_from() if self.silent_tokens else len(self.token_ends)
-        while keep > 0 and self.token_ends[keep - 1] > self.consumed:
+        limit = len(self.text) if keep_pending else self.consumed
+        while keep > 0 and self.token_ends[keep - 1] > limit:
             keep -= 1
         kept_end = self.token_ends[keep - 1] if keep else 0
         owed = self.text[kept_end:self.consumed]

@@ -1,12 +1,17 @@
 """Lifecycle of a task and its generation, as a `transitions` state machine.
 
     received --accept--> queued --admit--> generating --finish_generation--> awaiting_robot
-        |                  ^                 |     ^                                  |
-      reject               |              suspend  admit                          complete
-        v                  |                 v     |                                  v
-    rejected               +------------- suspended                                 done
+        |                 |  ^               |     ^                                  |
+      reject              |  +-- preempt ----+     |                              complete
+        v                 |                  |     |                                  v
+    rejected              |               suspend  admit                            done
+                          |                  v     |
+                          +---(admit)---- suspended
 
-`fail` and `cancel` lead from any non-terminal state to `failed` / `cancelled`.
+`suspend`: the generation stopped at a segment boundary and waits for its robot. `preempt`: it
+was stopped mid-segment to give its KV to more urgent work (recompute: it is queued again and
+continues from its token ids). `fail` and `cancel` lead from any non-terminal state to `failed` /
+`cancelled`.
 
 Simulations create thousands of these, and building a `transitions.Machine` (or even
 `add_model`, which binds trigger methods and keeps a reference to every model) per task costs
@@ -32,6 +37,7 @@ TRANSITIONS = [
     {"trigger": "reject", "source": "received", "dest": "rejected"},
     {"trigger": "admit", "source": ["queued", "suspended"], "dest": "generating"},
     {"trigger": "suspend", "source": "generating", "dest": "suspended"},
+    {"trigger": "preempt", "source": "generating", "dest": "queued"},
     {"trigger": "finish_generation", "source": "generating", "dest": "awaiting_robot"},
     {"trigger": "complete", "source": "awaiting_robot", "dest": "done"},
     {"trigger": "fail", "source": _NON_TERMINAL, "dest": "failed"},
@@ -102,6 +108,9 @@ class TaskLifecycle:
 
     def suspend(self, now: float) -> str:
         return self.trigger("suspend", now)
+
+    def preempt(self, now: float) -> str:
+        return self.trigger("preempt", now)
 
     def finish_generation(self, now: float) -> str:
         return self.trigger("finish_generation", now)

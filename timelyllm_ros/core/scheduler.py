@@ -22,6 +22,10 @@ uses none of them runs the original code path):
   `may_admit_candidate(batch, candidate, free_kv_blocks)` gets the running batch as
   `RunningGen`s and each candidate as a `Candidate` (context sizes, bounds, deadlines), and
   `begin_pass(AdmissionPass)` once per pass; `skip_refused` lets the walk go on after a refusal;
+- an admission controller with `displacement_for(batch, candidate, free_kv_blocks)` may name
+  running generations to preempt when a candidate it wants lacks KV (BROS's "yield blocks from
+  best-effort work" from outside the engine): each is aborted and queued again, and continues
+  from its token ids, served by the prefix cache (`_preempt`);
 - `Policy.make_gate(ctx)`: a gate (`decide(waiting_prefill_tokens, decoding)`, `note_prefill()`,
   `note_decode_round(n)`) that can hold a whole admission pass back;
 - `Policy.pause_handling(PauseInfo)`: preserve / discard / swap at each suspension, carried out
@@ -135,6 +139,8 @@ class CappedAdmission:
             self.begin_pass = inner.begin_pass
         if hasattr(inner, "may_admit_candidate"):
             self.may_admit_candidate = self._candidate
+        if hasattr(inner, "displacement_for"):
+            self.displacement_for = inner.displacement_for
 
     def may_admit(self, running, rate, free_kv_blocks, blocks_needed):
         ok, why = self.cap.may_admit(running, rate, free_kv_blocks, blocks_needed)
@@ -207,6 +213,9 @@ class SegmentScheduler:
         self._admission = self._make_admission()
         self._candidate_aware = hasattr(self._admission, "may_admit_candidate")
         self._skip_refused = bool(getattr(self._admission, "skip_refused", False))
+        self._displacer = getattr(self._admission, "displacement_for", None) \
+            if self._candidate_aware else None
+        self.preemptions = 0  # running generations preempted for more urgent work
         self._gate = policy.make_gate(self.context)
         # Hooks the policy does not override are never called (hot path unchanged).
         self._hook_admitted = _overrides(policy, "on_admitted")
@@ -300,6 +309,7 @@ class SegmentScheduler:
         self.tasks[spec.task_id] = task
         self._active[spec.task_id] = task
         task.lifecycle.accept(now)
+        task.queued_since_s = now
         shared = self._shared_of[spec.task_id] = self._shared_prefix_len(skill_set,
                                                                           task.prompt_ids)
         task.queue_slot = self._queue.add(
@@ -513,6 +523,15 @@ class SegmentScheduler:
                              int(seg_index[j]), task.spec.skill_set,
                              self._shared_of.get(task_id, 0))
             ok, _why = self._admission.may_admit_candidate(batch, cand, free)
+            if not ok and self._displacer is not None:
+                victims = self._displacer(batch, cand, free)
+                if victims:
+                    for key in victims:
+                        self._preempt(self.tasks[key], now)
+                    gone = set(victims)
+                    batch = [g for g in batch if g.key not in gone]
+                    free = self._free_blocks()
+                    ok, _why = self._admission.may_admit_candidate(batch, cand, free)
             if not ok:
                 if self._skip_refused:
                     continue
@@ -723,6 +742,7 @@ class SegmentScheduler:
         self.pause_counts[handling] += 1
         task.owed_text = task.generated.cut_for_resume()
         task.lifecycle.suspend(now)
+        task.queued_since_s = now
         skill_set = self._skill_set_of(task.spec)
         bs = self.context.kv_block_size
         # The previous run's full blocks are expected back (prefix cache, pinned or host copy).
@@ -732,6 +752,35 @@ class SegmentScheduler:
                           len(task.segments), enqueued_s=now, is_urgent=task.spec.is_urgent,
                           **self._sizes(task, skill_set, cached=cached)),
             key=task.task_id)
+        self._emit(task)
+
+    def _preempt(self, task: TaskRecord, now: float) -> None:
+        """Stop a running generation mid-segment and queue it again (recompute from outside
+        the engine): abort, keep its tokens, and resubmit `prompt + generated` when it is
+        admitted again, so the prefix cache serves every full block it had computed.
+
+        A skill language with an output grammar restarts the statement in progress: a
+        structured-output constraint can only be entered at a statement boundary, so the
+        tokens after the last boundary (less than one segment) are generated again. Without a
+        grammar (chat, tool calls) every token is kept, as vLLM's own preemption does."""
+        skill_set = self._skill_set_of(task.spec)
+        self._stop_engine_request(task)
+        task.owed_text = task.generated.cut_for_resume(
+            keep_pending=skill_set.output_regex() is None)
+        task.preemptions += 1
+        self.preemptions += 1
+        task.lifecycle.preempt(now)
+        bs = self.context.kv_block_size
+        cached = (max(0, _context_of(task) - 1) // bs) * bs
+        sizes = self._sizes(task, skill_set, cached=cached)
+        if task.segments:
+            row = suspended_row(task.spec.tuf, task.spec.arrival_s, task.robot_free_at(now),
+                                len(task.segments), enqueued_s=task.queued_since_s,
+                                is_urgent=task.spec.is_urgent, **sizes)
+        else:
+            row = initial_row(task.spec.tuf, task.spec.arrival_s, enqueued_s=task.queued_since_s,
+                              is_urgent=task.spec.is_urgent, **sizes)
+        task.queue_slot = self._queue.add(row, key=task.task_id)
         self._emit(task)
 
     def _pause_handling(self, task: TaskRecord, context: int, now: float) -> str:

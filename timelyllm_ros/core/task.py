@@ -81,6 +81,11 @@ class TaskRecord:
     waiting_time_s: float = NAN
     # Order of submission to the scheduler (ties in priority are served in this order).
     submit_index: int = 0
+    # When the generation now queued (or running) was queued: kept when it is preempted, so it
+    # does not lose its place among equals.
+    queued_since_s: float = NAN
+    # Times a running generation was stopped mid-segment for more urgent work (recompute).
+    preemptions: int = 0
 
     @property
     def task_id(self) -> str:

@@ -26,6 +26,7 @@ import rclpy
 from rclpy.node import Node
 from rclpy.parameter import Parameter
 
+from timelyllm_ros.core.engine.base import ENGINE_SCHEDULING
 from timelyllm_ros.core.engine.vllm_engine import VllmEngine, VllmEngineConfig
 from timelyllm_ros.core.exec_model import ExecutionTimeModel
 from timelyllm_ros.core.policies.registry import get_policy
@@ -52,6 +53,9 @@ ENGINE_PARAMS = {
     "engine.repetition_penalty": ("repetition_penalty", 1.15),
     "engine.temperature": ("temperature", 0.0),
     "engine.seed": ("seed", 0),
+    # vLLM's scheduling_policy; empty = what the planner's policy expects (priority for the BROS
+    # family: best-effort requests are admitted after, and preempted before, the rest).
+    "engine.scheduling_policy": ("scheduling_policy", ""),
 }
 
 
@@ -90,10 +94,15 @@ class PlannerNode(Node):
 
             self._engine_profile = EngineProfile.from_yaml(config_dir / p["engine.profile"])
         self._engine_kind = p["engine.kind"]
+        self._engine_scheduling = p["engine.scheduling_policy"] or self._policy.engine_scheduling
+        if self._engine_scheduling not in ENGINE_SCHEDULING:
+            raise ValueError(f"parameter engine.scheduling_policy: {self._engine_scheduling!r} is "
+                             f"not one of {', '.join(ENGINE_SCHEDULING)} (or empty)")
         self._scripted_plans: dict[str, str] = {}
         if self._engine_kind == "sim":
             self._engine_config = None
-            self._engine_factory = engine_factory or _sim_engine_factory(p["engine.sim_profile"])
+            self._engine_factory = engine_factory or _sim_engine_factory(
+                p["engine.sim_profile"], self._engine_scheduling)
             self._scripted_plans = _trace_plans()
         elif self._engine_kind == "vllm":
             self._engine_config = self._engine_config_from(p)
@@ -164,6 +173,7 @@ class PlannerNode(Node):
         fields = {field: p[name] for name, (field, _d) in ENGINE_PARAMS.items()}
         if not fields["block_size"]:
             fields["block_size"] = None
+        fields["scheduling_policy"] = self._engine_scheduling
         return VllmEngineConfig(model=model, **fields)
 
     # ------------------------------------------------------------------ ROS side (callbacks)
@@ -318,12 +328,12 @@ def _trace_plans() -> dict[str, str]:
     return {t.instruction: t.plan for t in load_traces().values()}
 
 
-def _sim_engine_factory(profile_path: str):
+def _sim_engine_factory(profile_path: str, scheduling_policy: str = "fcfs"):
     from timelyllm_ros.core.engine.cost_model import EngineProfile
     from timelyllm_ros.core.engine.realtime_sim import RealtimeSimulatedEngine
 
     profile = EngineProfile.from_yaml(profile_path) if profile_path else None
-    return lambda _config: RealtimeSimulatedEngine(profile)
+    return lambda _config: RealtimeSimulatedEngine(profile, scheduling_policy=scheduling_policy)
 
 
 def _parse_robots(entries: list[str], skill_sets: dict) -> dict[str, str] | None:

@@ -22,9 +22,21 @@ class EngineRequest:
     # Only the simulated engine reads this: the text it "generates". The real engine ignores it.
     scripted_text: str | None = None
     # Service class the policy gives this run: "rt" (real-time) or "be" (best-effort), or None.
-    # Only an engine that serves the classes differently reads it (the simulated engine with
-    # BROS's bidirectional KV blocks); the others ignore it.
+    # An engine with priority scheduling serves "be" after everything else (`engine_priority`),
+    # and the simulated engine with BROS's bidirectional KV blocks places the two classes at
+    # opposite ends of shared blocks; an FCFS engine ignores it.
     service_class: str | None = None
+
+
+# vLLM's `scheduling_policy`: "fcfs" serves waiting requests in arrival order and preempts the
+# newest running one; "priority" orders both by (priority, arrival), lower value first.
+ENGINE_SCHEDULING = ("fcfs", "priority")
+
+
+def engine_priority(service_class: str | None) -> int:
+    """vLLM request priority of a service class (lower is served first): best-effort work
+    after everything else."""
+    return 1 if service_class == "be" else 0
 
 
 @dataclass

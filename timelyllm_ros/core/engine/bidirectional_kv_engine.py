@@ -22,13 +22,20 @@ Design (why):
   capacity on one side and make `bros` and `bros-recompute` run on different cache sizes.
   Borrowing evicts the least recently freed cached block, exactly as a new paged block would.
 - Order inside a step: RT requests reserve their next slot first (they may overwrite), then BE
-  requests (they never overwrite). A BE request with checkpointed slots copies them back before
-  it computes; if they do not fit it waits in the running set, keeping its other slots, like a
-  swapped-out request in vLLM waits for room. An RT request short of room first takes reachable
-  BE slots; only when none are reachable does it fall back to preemption by recompute (newest BE
-  first: an RT request is preempted only if no BE request is left to preempt). A BE request
-  short of a slot for its next token is handled as vLLM would (preempt the newest BE by
-  recompute), so BE requests among themselves behave as on the standard engine.
+  requests (they never overwrite). Waiting requests are admitted in the same class order (RT,
+  then BE; FCFS within a class), as BROS's selection takes Qrt before Qbe: a BE request that
+  cannot be placed never holds back an RT request.
+- What counts as free (`kv_usage`) is what a newcomer of either class can use without
+  overwriting: a hole in a BE request's block is reachable only by that request or an RT
+  request, and counting it would make the scheduler submit BE work the engine cannot place.
+- A BE request with checkpointed slots copies them back before it computes (into the holes in
+  its own blocks first); if they do not fit it waits in the running set, keeping its other
+  slots, like a swapped-out request in vLLM waits for room. An RT request short of room first
+  takes reachable BE slots; only when none are reachable does it fall back to preemption by
+  recompute (newest BE first: an RT request is preempted only if no BE request is left to
+  preempt). A BE request short of a slot for its next token is handled as vLLM would (preempt
+  the newest BE by recompute), so BE requests among themselves behave as on the standard
+  engine.
 - Prefix caching of private tokens: while a request runs, its tail is private (an RT write may
   overwrite it, so it cannot be shared). When it releases its slots (finish, abort, discard or
   swap pause, preemption) its full, device-resident blocks are published to the prefix cache as
@@ -95,9 +102,12 @@ class BidirectionalKvEngine(SimulatedEngine):
     # ---- views ----
 
     def kv_usage(self) -> KvUsage:
+        """Free blocks as any newcomer sees them: the paged pool's, plus the region's empty
+        slots in blocks no BE request owns. Empty slots in a BE request's blocks are left out:
+        only that request or an RT request can reach them, and a scheduler that counted them
+        would hand the engine BE work it cannot place (`rt_room_blocks` is the RT view)."""
         usage = super().kv_usage()
-        # Empty slots of borrowed blocks are free capacity too, in block units.
-        free = usage.free_blocks + self.bidirectional_kv.empty_slots() // self._block_size
+        free = usage.free_blocks + self.bidirectional_kv.be_capacity(None) // self._block_size
         return KvUsage(free, usage.total_blocks, usage.block_size)
 
     def rt_room_blocks(self) -> int:
@@ -141,7 +151,8 @@ class BidirectionalKvEngine(SimulatedEngine):
                 rid = seq.request.request_id
                 if rid in preempted or self._side(seq) != side:
                     continue
-                new = 0 if rid in self._slot_reserved else 1
+                # A prompt still being prefilled got slots for all of it when it was admitted.
+                new = 0 if rid in self._slot_reserved or seq.prefill_pending else 1
                 host = kv.host_slots(rid)
                 if self._fits(rid, side, host + new):
                     if host:
@@ -209,50 +220,63 @@ class BidirectionalKvEngine(SimulatedEngine):
         return out
 
     def _admit_waiting(self) -> tuple[list[_Sequence], dict[str, int], float]:
-        """The base engine's FCFS admission, with the private tail placed in the region (an RT
-        request may take BE slots to get in)."""
+        """Admission in BROS's class order: waiting RT requests first (they may take BE slots
+        to get in), then BE requests; FCFS within a class, and each class stops at its first
+        request that does not fit, as BROS's selection loops do. A BE request that cannot be
+        placed therefore never holds back an RT request behind it, which the base engine's
+        single FCFS queue would do."""
         kv = self.bidirectional_kv
         admitted: list[_Sequence] = []
         cached: dict[str, int] = {}
         swap_in_s = 0.0
-        bs = self._block_size
-        while self._waiting and len(self._running) < self.max_num_seqs:
-            seq = self._waiting[0]
-            rid = seq.request.request_id
-            side = self._side(seq)
-            keeps_slots = kv.kind_of(rid) is not None  # resumed after a preserved pause
-            if keeps_slots:
-                hits = []
-                reserved = 1 if rid in self._slot_reserved else 0
-                new_slots = len(seq.tokens) - seq.num_computed - reserved
-                need = new_slots + kv.host_slots(rid)
-                reclaimed = 0
-            else:
-                hits = self._prefix_hits(seq)
-                new_slots = need = len(seq.tokens) - len(hits) * bs
-                reclaimed = sum(1 for b, _ in hits if self._pool.ref[b] == 0)
-            reach = kv.rt_capacity(rid) if side == RT else kv.be_capacity(rid)
-            if need > (self._pool.num_free() - reclaimed) * bs + reach:
-                if not self._running and not admitted and self._revoke_preserved():
-                    continue  # nothing else would ever free room for it
-                break
-            self._waiting.pop(0)
-            if keeps_slots:
-                computed = seq.num_computed
-                self._fits(rid, side, need)
-                if kv.host_slots(rid):
-                    self._swap_in(rid)
-                self._slot_reserved.discard(rid)
-            else:
-                computed, cost = self._attach_prefix_hits(seq, hits)
-                swap_in_s += cost
-                self._fits(rid, side, new_slots)
-            self._append(rid, side, new_slots)
-            seq.num_computed = computed
-            cached[rid] = computed
-            self._running.append(seq)
-            admitted.append(seq)
+        for side in (RT, BE):
+            for seq in [s for s in self._waiting if self._side(s) == side]:
+                if len(self._running) >= self.max_num_seqs or self._budget <= 0:
+                    return admitted, cached, swap_in_s
+                plan = self._placement(seq, side)
+                while plan is None and not self._running and not admitted \
+                        and self._revoke_preserved():
+                    plan = self._placement(seq, side)  # nothing else would ever free room
+                if plan is None:
+                    break
+                hits, new_slots, need = plan
+                rid = seq.request.request_id
+                self._waiting.remove(seq)
+                if kv.kind_of(rid) is not None:  # resumed after a preserved pause
+                    computed = seq.num_computed
+                    self._fits(rid, side, need)
+                    if kv.host_slots(rid):
+                        self._swap_in(rid)
+                    self._slot_reserved.discard(rid)
+                else:
+                    computed, cost = self._attach_prefix_hits(seq, hits)
+                    swap_in_s += cost
+                    self._fits(rid, side, new_slots)
+                self._append(rid, side, new_slots)
+                self._admitted(seq, computed)
+                cached[rid] = computed
+                admitted.append(seq)
         return admitted, cached, swap_in_s
+
+    def _placement(self, seq: _Sequence, side: str) -> tuple[list, int, int] | None:
+        """(prefix-cache hits, slots to append, slots it needs in all) if the waiting `seq`
+        can be placed now, else None."""
+        kv = self.bidirectional_kv
+        rid = seq.request.request_id
+        if kv.kind_of(rid) is not None:  # resumed after a preserved pause: keeps its slots
+            hits = []
+            reserved = 1 if rid in self._slot_reserved else 0
+            new_slots = len(seq.tokens) - seq.num_computed - reserved
+            need = new_slots + kv.host_slots(rid)
+            reclaimed = 0
+        else:
+            hits = self._prefix_hits(seq)
+            new_slots = need = len(seq.tokens) - len(hits) * self._block_size
+            reclaimed = sum(1 for b, _ in hits if self._pool.ref[b] == 0)
+        reach = kv.rt_capacity(rid) if side == RT else kv.be_capacity(rid)
+        if need > (self._pool.num_free() - reclaimed) * self._block_size + reach:
+            return None
+        return hits, new_slots, need
 
     def _commit_full_blocks(self, seq: _Sequence) -> None:
         # Private slots are not shareable while their request runs (see module docstring);

@@ -11,9 +11,15 @@ Model (all coefficients are seconds, nonnegative):
 `n` counts prompt tokens that are not served from the prefix cache; `b` counts sequences that
 sample a token in the step; `ctx` is the sum of their context lengths. A step that admits new
 prompts pays both terms, as an engine with continuous batching does when it fuses the prefill of
-new sequences with the decode of running ones. Prefill is not chunked, and attention over a cached
-prefix is not charged to the prefill (at a few thousand tokens it is small next to the weight
-GEMMs).
+new sequences with the decode of running ones. Attention over a cached prefix is not charged to
+the prefill (at a few thousand tokens it is small next to the weight GEMMs).
+
+`max_num_batched_tokens` is the engine's token budget per step (vLLM's setting of that name):
+decodes take one token each and prefills are chunked to fit what is left, so no step prefills
+more than the budget. The default, 8192, is what vLLM uses for an offline engine on a GPU under
+70 GiB (`EngineArgs.get_batch_defaults`) and what vLLM V0 used for an 8k-context model without
+chunked prefill (`max(max_model_len, 2048)`): the budget of the engine this profile is
+calibrated to.
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ class EngineProfile:
     kv_block_size: int = 16
     kv_total_blocks: int = 2560
     max_model_len: int = 8192
+    max_num_batched_tokens: int = 8192
     source: str = _DEFAULT_SOURCE
 
     def __post_init__(self) -> None:
@@ -182,7 +189,7 @@ _FLOAT_KEYS = (
     "decode_per_seq_s",
     "decode_per_ctx_token_s",
 )
-_INT_KEYS = ("kv_block_size", "kv_total_blocks", "max_model_len")
+_INT_KEYS = ("kv_block_size", "kv_total_blocks", "max_model_len", "max_num_batched_tokens")
 
 
 def _nnls_scaled(design: np.ndarray, target: np.ndarray) -> tuple[np.ndarray, float]:
@@ -222,6 +229,7 @@ def fit_profile(
     kv_block_size: int = 16,
     kv_total_blocks: int = 2560,
     max_model_len: int = 8192,
+    max_num_batched_tokens: int = 8192,
     prefill_includes_first_decode: bool = False,
 ) -> EngineProfile:
     """Fit the cost model to measurements by nonnegative least squares.
@@ -268,6 +276,7 @@ def fit_profile(
         kv_block_size=kv_block_size,
         kv_total_blocks=kv_total_blocks,
         max_model_len=max_model_len,
+        max_num_batched_tokens=max_num_batched_tokens,
         source=f"{source}\n{note}" if source else note,
     )
 

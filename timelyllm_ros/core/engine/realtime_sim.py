@@ -20,10 +20,10 @@ class RealtimeSimulatedEngine:
     name = "sim-realtime"
 
     def __init__(self, profile: EngineProfile | None = None, *, clock=time.monotonic,
-                 sleep=time.sleep):
+                 sleep=time.sleep, **engine_kwargs):
         self._clock = clock
         self._sleep = sleep
-        self._inner = SimulatedEngine(profile, start_time=clock())
+        self._inner = SimulatedEngine(profile, start_time=clock(), **engine_kwargs)
 
     def now(self) -> float:
         return self._clock()

@@ -19,7 +19,11 @@ depend on it:
   running request loses its blocks and goes back to the head of the waiting queue with everything
   it generated appended to its prompt; it is prefilled again later (mostly from the prefix cache
   if its blocks were not evicted meanwhile). Waiting requests are admitted in FCFS order only
-  when all running requests got their blocks, and only while blocks are free.
+  when all running requests got their blocks, and only while blocks are free;
+- `scheduling_policy="priority"` (vLLM's option of that name): waiting requests are admitted,
+  and preemption victims chosen, by (priority, arrival) instead, the priority coming from the
+  request's service class (`engine_priority`: best-effort work last). This is how a policy that
+  separates real-time from best-effort work (BROS) orders the real engine from outside it.
 
 Pause handling (LAMPS / INFERCEPT, used by the scheduler when a policy asks for it): a running
 request can be suspended with `suspend_request(id, handling)` and continued later by
@@ -40,9 +44,19 @@ tokens to keep (as the scheduler resubmits a suspended generation):
   Llama3-8B; 25 GB/s, a PCIe 4.0 x16 link). Host memory is unbounded.
 `pause_stats` counts handlings, copies and revocations.
 
-What it does not model: chunked prefill, sampling, structured outputs (`output_regex` is ignored:
-the script is assumed valid), and an extra EOS step (a request finishes on the step that emits the
-last token of its script).
+Token budget and chunked prefill (vLLM V1): a step computes at most
+`profile.max_num_batched_tokens` tokens. Running requests are scheduled first (a decode takes one
+token, a prompt still being prefilled its next chunk), then waiting requests while budget is
+left; a prompt longer than what is left is prefilled in chunks over several steps and emits its
+first token on the step that completes it. Without the budget one step could prefill a whole
+burst of prompts (tens of thousands of tokens, seconds of virtual time) and stall every decode
+and every arrival behind it, which vLLM never does. Simplification: a request's KV blocks for
+its whole prompt are allocated when it is admitted (vLLM allocates them chunk by chunk), so a
+long prompt reserves its memory one or two steps early.
+
+What it does not model: sampling, structured outputs (`output_regex` is ignored: the script is
+assumed valid), and an extra EOS step (a request finishes on the step that emits the last token
+of its script).
 """
 
 from __future__ import annotations
@@ -53,7 +67,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from timelyllm_ros.core.engine.base import EngineOutput, EngineRequest, KvUsage, StepTiming
+from timelyllm_ros.core.engine.base import (ENGINE_SCHEDULING, EngineOutput, EngineRequest, KvUsage,
+                                            StepTiming, engine_priority)
 from timelyllm_ros.core.engine.cost_model import EngineProfile
 
 
@@ -171,6 +186,10 @@ class _Sequence:
     reported_cache: bool = False
     # Resumed after a pause: tokens restorable from the host copy (swap) at admission.
     swap_tokens: int = 0
+    arrival_s: float = 0.0  # when the engine received it (ties in priority scheduling)
+    # Admitted, but its prompt is not all computed yet (chunked prefill over several steps).
+    prefill_pending: bool = False
+    cached_at_admission: int = 0  # reported with its first token
 
     @property
     def generated(self) -> int:
@@ -203,11 +222,23 @@ class SimulatedEngine:
         tokenizer: PieceTokenizer | None = None,
         kv_bytes_per_token: float = 131072.0,
         host_link_bytes_per_s: float = 25e9,
+        scheduling_policy: str = "fcfs",
     ) -> None:
         self.profile = profile if profile is not None else EngineProfile()
         if max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
+        if scheduling_policy not in ENGINE_SCHEDULING:
+            raise ValueError(f"scheduling_policy must be one of {ENGINE_SCHEDULING}, got "
+                             f"{scheduling_policy!r}")
+        self.scheduling_policy = scheduling_policy
         self.max_num_seqs = max_num_seqs
+        self._step_tokens = self.profile.max_num_batched_tokens
+        if self._step_tokens < max_num_seqs:
+            # vLLM refuses this too: a full batch of decodes would not fit one step.
+            raise ValueError(f"max_num_batched_tokens ({self._step_tokens}) must be >= "
+                             f"max_num_seqs ({max_num_seqs})")
+        self._budget = self._step_tokens  # tokens left in the step being scheduled
+        self._chunks: dict[int, int] = {}  # id(seq) -> tokens it computes in that step
         self.tokenizer = tokenizer if tokenizer is not None else PieceTokenizer()
         self._clock = float(start_time)
         self._block_size = self.profile.kv_block_size
@@ -248,6 +279,9 @@ class SimulatedEngine:
     def max_model_len(self) -> int:
         return self.profile.max_model_len
 
+    def max_num_batched_tokens(self) -> int:
+        return self._step_tokens
+
     # ---- requests ----
 
     def add_request(self, request: EngineRequest) -> None:
@@ -272,7 +306,7 @@ class SimulatedEngine:
         if rid in self._paused:
             raise ValueError(f"request {rid!r} is paused in the engine")
         script = self.tokenizer.tokenize(request.scripted_text or "")
-        seq = _Sequence(request, prompt, len(prompt), script)
+        seq = _Sequence(request, prompt, len(prompt), script, arrival_s=self._clock)
         self._by_id[rid] = seq
         return seq
 
@@ -409,18 +443,29 @@ class SimulatedEngine:
     # ---- one iteration ----
 
     def step(self) -> list[EngineOutput]:
+        """One iteration, scheduled as vLLM V1 does: the running requests first (a decode takes
+        one token of the step's budget, a prompt still being prefilled its next chunk), then
+        waiting requests while budget and KV last. A request whose prompt is not all computed at
+        the end of the step emits nothing yet."""
+        self._budget = self._step_tokens
+        self._chunks = {}
         preempted = self._reserve_decode_blocks()
-        decoding = list(self._running)
+        running = list(self._running)
+        for seq in running:
+            self._schedule_tokens(seq)
         admitted, cached_now, swap_in_s = ([], {}, 0.0) if preempted else self._admit_waiting()
-        decoding = self._decodes_computed(decoding)
+        # A request the budget left out this step (behind an older chunked prefill) computes
+        # nothing and keeps whatever it reserved for its next token.
+        computing = self._decodes_computed([s for s in running if self._chunks.get(id(s))])
 
         prefill_tokens = 0
-        for seq in admitted:
-            prefill_tokens += len(seq.tokens) - seq.num_computed
-            seq.num_computed = len(seq.tokens)
-        for seq in decoding:
-            seq.num_computed += 1
-        batch = decoding + admitted
+        for seq in computing + admitted:
+            chunk = self._chunks[id(seq)]
+            if seq.prefill_pending:
+                prefill_tokens += chunk
+            seq.num_computed += chunk
+            seq.prefill_pending = seq.num_computed < len(seq.tokens)
+        batch = computing + admitted
         context = sum(seq.num_computed for seq in batch)
         duration = self.profile.step_s(prefill_tokens, len(batch), context)
         swap_s = 0.0
@@ -439,14 +484,34 @@ class SimulatedEngine:
                 "preempted": preempted,
                 "cached_tokens": sum(cached_now.values()),
                 "swap_s": swap_s,
+                "scheduled_tokens": self._step_tokens - self._budget,
+                "partial_prefills": sum(1 for seq in batch if seq.prefill_pending),
             },
         )
 
         outputs = []
         for seq in batch:
             self._commit_full_blocks(seq)
-            outputs.append(self._emit(seq, cached_now.get(seq.request.request_id)))
+            if not seq.prefill_pending:
+                outputs.append(self._emit(seq, seq.cached_at_admission))
         return outputs
+
+    def _schedule_tokens(self, seq: _Sequence) -> None:
+        """Give `seq` its tokens of this step's budget: one for a decode, else the next chunk of
+        its prompt (as much as is left of the budget)."""
+        chunk = min(len(seq.tokens) - seq.num_computed, self._budget)
+        self._budget -= chunk
+        self._chunks[id(seq)] = chunk
+
+    def _admitted(self, seq: _Sequence, computed: int) -> None:
+        """Book-keeping shared by every admission loop: `seq` starts with `computed` tokens
+        already in the KV (prefix cache, kept blocks or host copy) and prefills the rest, chunk
+        by chunk from this step on."""
+        seq.num_computed = computed
+        seq.cached_at_admission = computed
+        seq.prefill_pending = True
+        self._running.append(seq)
+        self._schedule_tokens(seq)
 
     # ---- internals ----
 
@@ -454,7 +519,8 @@ class SimulatedEngine:
         return math.ceil(tokens / self._block_size)
 
     def _reserve_decode_blocks(self) -> list[str]:
-        """Give each running sequence room for one more token, preempting the newest if needed."""
+        """Give each running sequence room for one more token, preempting if needed: the newest
+        (FCFS), or the lowest-priority then newest (priority scheduling), as vLLM does."""
         preempted: list[str] = []
         i = 0
         while i < len(self._running):
@@ -463,7 +529,11 @@ class SimulatedEngine:
             while need > self._pool.num_free():
                 if self._revoke_preserved():
                     continue
-                victim = self._running.pop()
+                victim = self._preemption_victim()
+                at = self._running.index(victim)
+                del self._running[at]
+                if at < i:
+                    i -= 1  # it had its block already; the ones after it move up
                 self._preempt(victim)
                 preempted.append(victim.request.request_id)
                 if victim is seq:
@@ -473,6 +543,22 @@ class SimulatedEngine:
                     seq.blocks.append(self._pool.allocate())
                 i += 1
         return preempted
+
+    def _rank(self, seq: _Sequence) -> tuple[int, float]:
+        """Sort key of priority scheduling: service class first, then arrival."""
+        return engine_priority(seq.request.service_class), seq.arrival_s
+
+    def _preemption_victim(self) -> _Sequence:
+        if self.scheduling_policy == "priority":
+            return max(self._running, key=self._rank)
+        return self._running[-1]
+
+    def _admission_order(self) -> list[_Sequence]:
+        """Waiting requests in the order admission tries them (preempted ones are at the head
+        of the FCFS queue, as in vLLM)."""
+        if self.scheduling_policy == "priority":
+            return sorted(self._waiting, key=self._rank)
+        return list(self._waiting)
 
     def _decodes_computed(self, decoding: list[_Sequence]) -> list[_Sequence]:
         """The running sequences (given after reservation and admission) that compute a token in
@@ -485,24 +571,30 @@ class SimulatedEngine:
         self._waiting.insert(0, seq)
 
     def _admit_waiting(self) -> tuple[list[_Sequence], dict[str, int], float]:
+        """Admit waiting requests in `_admission_order` while slots, token budget and KV blocks
+        last; the first that does not fit stops admission (vLLM's rule)."""
         admitted: list[_Sequence] = []
         cached: dict[str, int] = {}
         swap_in_s = 0.0
-        while self._waiting and len(self._running) < self.max_num_seqs:
-            seq = self._waiting[0]
-            if seq.blocks:  # resumed after a preserved pause: it still holds its blocks
-                hits = []
-                need_new = self._blocks_for(len(seq.tokens)) - len(seq.blocks)
-                reclaimed = 0
-            else:
-                hits = self._prefix_hits(seq)
-                need_new = self._blocks_for(len(seq.tokens)) - len(hits)
-                reclaimed = sum(1 for b, _ in hits if self._pool.ref[b] == 0)
-            if need_new > self._pool.num_free() - reclaimed:
-                if not self._running and not admitted and self._revoke_preserved():
-                    continue  # nothing else would ever free blocks for it
+        for seq in self._admission_order():
+            if len(self._running) >= self.max_num_seqs or self._budget <= 0:
                 break
-            self._waiting.pop(0)
+            while True:
+                if seq.blocks:  # resumed after a preserved pause: it still holds its blocks
+                    hits = []
+                    need_new = self._blocks_for(len(seq.tokens)) - len(seq.blocks)
+                    reclaimed = 0
+                else:
+                    hits = self._prefix_hits(seq)
+                    need_new = self._blocks_for(len(seq.tokens)) - len(hits)
+                    reclaimed = sum(1 for b, _ in hits if self._pool.ref[b] == 0)
+                fits = need_new <= self._pool.num_free() - reclaimed
+                # Nothing else would ever free blocks for it: give up a preserved pause's.
+                if fits or self._running or admitted or not self._revoke_preserved():
+                    break
+            if not fits:
+                break
+            self._waiting.remove(seq)
             if seq.blocks:
                 computed = seq.num_computed
             else:
@@ -510,9 +602,8 @@ class SimulatedEngine:
                 swap_in_s += cost
             for _ in range(need_new):
                 seq.blocks.append(self._pool.allocate())
-            seq.num_computed = computed
-            cached[seq.request.request_id] = seq.num_computed
-            self._running.append(seq)
+            self._admitted(seq, computed)
+            cached[seq.request.request_id] = computed
             admitted.append(seq)
         return admitted, cached, swap_in_s
 
@@ -565,6 +656,7 @@ class SimulatedEngine:
         seq.blocks.clear()
         seq.block_hashes.clear()
         seq.num_computed = 0
+        seq.prefill_pending = False
 
     def _emit(self, seq: _Sequence, cached_tokens: int | None) -> EngineOutput:
         rid = seq.request.request_id

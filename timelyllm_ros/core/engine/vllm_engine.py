@@ -17,7 +17,8 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Sequence
 
-from timelyllm_ros.core.engine.base import EngineOutput, EngineRequest, KvUsage, StepTiming
+from timelyllm_ros.core.engine.base import (ENGINE_SCHEDULING, EngineOutput, EngineRequest, KvUsage,
+                                            StepTiming, engine_priority)
 
 
 @dataclass
@@ -46,7 +47,15 @@ class VllmEngineConfig:
     # baseline (vLLM V0, 2024, had it off by default), e.g. `timelyllm bench
     # --baseline-prefix-cache off --engine vllm`.
     enable_prefix_caching: bool = True
+    # vLLM's scheduling_policy: "fcfs", or "priority" to serve best-effort requests (service
+    # class "be") after the rest and preempt them first (BROS's order, from outside vLLM).
+    scheduling_policy: str = "fcfs"
     extra_engine_args: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.scheduling_policy not in ENGINE_SCHEDULING:
+            raise ValueError(f"engine.scheduling_policy: must be one of {ENGINE_SCHEDULING}, got "
+                             f"{self.scheduling_policy!r}")
 
     @classmethod
     def from_mapping(cls, values: dict[str, Any]) -> "VllmEngineConfig":
@@ -77,7 +86,7 @@ class VllmEngine:
             gpu_memory_utilization=config.gpu_memory_utilization, enforce_eager=config.enforce_eager,
             tensor_parallel_size=config.tensor_parallel_size, max_num_seqs=config.max_num_seqs,
             enable_prefix_caching=config.enable_prefix_caching, seed=config.seed,
-            **config.extra_engine_args,
+            scheduling_policy=config.scheduling_policy, **config.extra_engine_args,
         )
         if config.block_size is not None:
             engine_kwargs["block_size"] = config.block_size
@@ -117,6 +126,10 @@ class VllmEngine:
     def max_model_len(self) -> int:
         return int(self._engine.model_config.max_model_len)
 
+    def max_num_batched_tokens(self) -> int:
+        """vLLM's token budget per step (what the simulated engine's profile must copy)."""
+        return int(self._engine.vllm_config.scheduler_config.max_num_batched_tokens)
+
     # -- requests --------------------------------------------------------------------------
     def add_request(self, request: EngineRequest) -> None:
         from vllm import SamplingParams
@@ -131,7 +144,8 @@ class VllmEngine:
             output_kind=RequestOutputKind.DELTA, structured_outputs=structured,
         )
         self._engine.add_request(
-            request.request_id, TokensPrompt(prompt_token_ids=list(request.prompt_token_ids)), params)
+            request.request_id, TokensPrompt(prompt_token_ids=list(request.prompt_token_ids)),
+            params, priority=engine_priority(request.service_class))
         self._running.add(request.request_id)
 
     def abort_request(self, request_id: str) -> None:

@@ -153,7 +153,11 @@ class Policy:
       started (BROS's bidirectional KV blocks serve the two classes from opposite ends);
     - `make_simulated_engine(profile)`: the simulated engine this policy must be evaluated on
       (None = the standard `SimulatedEngine`); with `requires_engine` set, the scheduler refuses
-      any engine whose `name` differs (a baseline that only exists in simulation).
+      any engine whose `name` differs (a baseline that only exists in simulation);
+    - `engine_scheduling`: the engine's own scheduling policy this policy expects (vLLM's
+      `scheduling_policy`; "priority" serves best-effort requests, by their `service_class`,
+      after the rest and preempts them first). The bench and the planner build the engine with
+      it unless told otherwise.
     """
 
     name: str = "policy"
@@ -161,11 +165,16 @@ class Policy:
     latency_guided_admission: bool = False
     # Engine `name` this policy needs (None = any engine); checked when the scheduler is built.
     requires_engine: str | None = None
+    engine_scheduling: str = "fcfs"
 
     def __post_init__(self) -> None:
+        from timelyllm_ros.core.engine.base import ENGINE_SCHEDULING
         if self.dispatch not in DISPATCH_MODES:
             raise ValueError(f"policy {self.name!r}: dispatch must be one of {DISPATCH_MODES},"
                              f" got {self.dispatch!r}")
+        if self.engine_scheduling not in ENGINE_SCHEDULING:
+            raise ValueError(f"policy {self.name!r}: engine_scheduling must be one of "
+                             f"{ENGINE_SCHEDULING}, got {self.engine_scheduling!r}")
 
     @property
     def segmented(self) -> bool:

@@ -475,14 +475,22 @@ class BidirectionalKV:
     In block j, RT slots are `[0, rt_fill[j])` and BE slots are `[size - be_fill[j], size)`; one
     RT and one BE request may share a block. Placement rules:
 
-    * RT: its last block while it has empty slots; then the RT-free block with the most empty
-      slots; only when no reachable slot is empty, overwrite BE slots (its last block's peer
-      first, else a BE-only block) - the overwritten BE slots are checkpointed to host, one for
-      one (lazy checkpoint). RT slots are never taken by anyone.
-    * BE: its last block while it has empty slots, then the BE-free block with the most empty
-      slots. BE never overwrites.
+    * RT: empty slots of its own blocks (newest first), then the RT-free block with the most
+      empty slots; only when no reachable slot is empty, overwrite BE slots (in its own blocks,
+      newest first, else in a BE-only block) - the overwritten BE slots are checkpointed to
+      host, one for one (lazy checkpoint). RT slots are never taken by anyone.
+    * BE: empty slots of its own blocks (newest first), then the BE-free block with the most
+      empty slots. BE never overwrites.
     * Swap-in: a BE request's checkpointed slots come back as BE slots wherever BE placement puts
-      them (a real block table maps each token's slot, so their position is free to change).
+      them, so first into the holes the overwrite left in its own blocks once the RT request
+      has gone (a real block table maps each token's slot, so their position is free to
+      change).
+
+    A request's own blocks are all within its reach, not only its last one: the fronts of a
+    block move as RT and BE requests come and go, and a hole left in an earlier block would
+    otherwise be reachable by nobody but a newcomer of the other side. The capacity queries
+    (`rt_capacity`, `be_capacity`, `reachable_empty_rt`) count exactly what placement can use,
+    so an append within capacity never fails.
 
     `usable` marks the blocks placement may use (all by default). An engine that lends blocks of
     a larger paged pool to the shared region switches them on and off with `set_usable`; an
@@ -541,6 +549,15 @@ class BidirectionalKV:
         j = blocks[-1]
         return self.size - int(self.rt_fill[j]) - int(self.be_fill[j])
 
+    def _own_empty(self, req_id: Hashable, kind: str) -> int:
+        """Empty slots in the blocks `req_id` already holds on side `kind` (0 for another side)."""
+        if self._kind.get(req_id) != kind:
+            return 0
+        blocks = self._blocks[req_id]
+        if not blocks:
+            return 0
+        return int(self._empties()[blocks].sum())
+
     def set_usable(self, j: int, usable: bool) -> None:
         if not usable and (self.rt_fill[j] or self.be_fill[j]):
             raise ValueError(f"block {j} still holds slots")
@@ -553,26 +570,23 @@ class BidirectionalKV:
         return self._room_in_last(self._blocks.get(req_id, []))
 
     def rt_capacity(self, req_id: Hashable) -> int:
-        free_blocks = int(np.count_nonzero((self.rt_owner == -1) & self.usable)) * self.size
-        last = self._last(req_id) if self._kind.get(req_id) == RT else None
-        return free_blocks + (self.size - int(self.rt_fill[last]) if last is not None else 0)
+        """Slots an RT append can get, overwriting BE slots where it must: every slot of an
+        RT-free block, plus whatever is not RT in its own blocks."""
+        cap = int(np.count_nonzero((self.rt_owner == -1) & self.usable)) * self.size
+        if self._kind.get(req_id) == RT:
+            blocks = self._blocks[req_id]
+            cap += len(blocks) * self.size - int(self.rt_fill[blocks].sum())
+        return cap
 
     def be_capacity(self, req_id: Hashable) -> int:
+        """Empty slots a BE append can get: those of BE-free blocks and of its own blocks."""
         emp = self._empties()
-        cap = int(emp[(self.be_owner == -1) & self.usable].sum())
-        last = self._last(req_id) if self._kind.get(req_id) == BE else None
-        if last is not None:
-            cap += int(emp[last])
-        return cap
+        return int(emp[(self.be_owner == -1) & self.usable].sum()) + self._own_empty(req_id, BE)
 
     def reachable_empty_rt(self, req_id: Hashable) -> int:
         """Empty slots an RT append would use before it has to overwrite BE slots."""
         emp = self._empties()
-        cap = int(emp[(self.rt_owner == -1) & self.usable].sum())
-        last = self._last(req_id) if self._kind.get(req_id) == RT else None
-        if last is not None:
-            cap += int(emp[last])
-        return cap
+        return int(emp[(self.rt_owner == -1) & self.usable].sum()) + self._own_empty(req_id, RT)
 
     # -- mutations --
 
@@ -590,35 +604,49 @@ class BidirectionalKV:
             if n == 0:
                 return ckpt
             # Every reachable slot is taken: now, and only now, overwrite BE slots.
-            last = blocks[-1] if blocks else None
-            if last is not None and self.be_fill[last] > 0:
-                j = last
-            else:
-                cand = np.flatnonzero((self.rt_owner == -1) & self.usable)
-                if not cand.size:  # unreachable: capacity was checked above
-                    raise KVFull(f"RT {req_id!r}: no block left")
-                j = int(cand[0])
-                self.rt_owner[j] = key
-                blocks.append(j)
+            j = self._overwrite_target(req_id, key)
             take = min(n, int(self.be_fill[j]))
             self._checkpoint(j, take)
             self.rt_fill[j] += take
             n -= take
             ckpt += take
 
+    def _overwrite_target(self, req_id: Hashable, key: int) -> int:
+        """The block whose BE slots an RT append overwrites next: one the request already
+        shares with a BE request (newest first: the fronts meet there first), else a claimed
+        RT-free block. Every BE slot `rt_capacity` counts is reachable this way; _fill_empty may
+        have claimed several part-BE blocks before any overwrite, so the last block alone is
+        not enough."""
+        blocks = self._blocks[req_id]
+        for j in reversed(blocks):
+            if self.be_fill[j] > 0:
+                return j
+        cand = np.flatnonzero((self.rt_owner == -1) & self.usable)
+        if not cand.size:  # unreachable: capacity was checked by append_rt
+            raise KVFull(f"RT {req_id!r}: no block left")
+        j = int(cand[0])
+        self.rt_owner[j] = key
+        blocks.append(j)
+        return j
+
     def _fill_empty(self, blocks: list[int], n: int, fill: np.ndarray, owner: np.ndarray,
                     key: int) -> int:
-        """Place up to n slots in empty space only: the request's last block first, then the
-        emptiest block not yet owned on this side. Returns how many slots are left over."""
+        """Place up to n slots in empty space only: the request's own blocks (newest first),
+        then the emptiest block not yet owned on this side. Returns how many are left over."""
+        if n > 0 and blocks:
+            room = self._room_in_last(blocks)
+            if room >= n:  # the common case: one more token in the block it is writing
+                fill[blocks[-1]] += n
+                return 0
+            own = np.asarray(blocks)
+            own_room = self._empties()[own]
+            for i in np.flatnonzero(own_room)[::-1]:
+                take = min(n, int(own_room[i]))
+                fill[own[i]] += take
+                n -= take
+                if n == 0:
+                    return 0
         while n > 0:
-            last = blocks[-1] if blocks else None
-            if last is not None:
-                room = self.size - int(self.rt_fill[last]) - int(self.be_fill[last])
-                if room > 0:
-                    take = min(n, room)
-                    fill[last] += take
-                    n -= take
-                    continue
             emp = self._empties()
             cand = np.flatnonzero((owner == -1) & (emp > 0) & self.usable)
             if not cand.size:
@@ -626,6 +654,9 @@ class BidirectionalKV:
             j = int(cand[np.argmax(emp[cand])])
             owner[j] = key
             blocks.append(j)
+            take = min(n, int(emp[j]))
+            fill[j] += take
+            n -= take
         return 0
 
     def _checkpoint(self, j: int, take: int) -> None:

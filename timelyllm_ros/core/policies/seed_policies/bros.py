@@ -27,13 +27,19 @@ class BrosAdmission:
     selection is a set, not a prefix of the order).
 
     The running batch enters the selection as decode requests (k_i = tokens left in the
-    segment), queued generations as prefills (Ln = estimated uncached prompt tokens). On the
-    simulated engine with bidirectional KV blocks the policy built for itself, FindPreemptBlock
-    is real: an RT generation may also count the BE slots it would overwrite as room (the
-    engine's `rt_room_blocks`); elsewhere every request sees only free blocks. Running
-    generations are never preempted: vLLM owns the iteration, and a segment is tens of tokens, so
-    an RT/BE request the selection would leave out (or displace) still gets its tokens until its
-    segment ends. The adaptive batch limit (`AdaptiveBatchSize`) bounds running + admitted.
+    segment), queued generations as prefills (Ln = estimated uncached prompt tokens).
+
+    FindPreemptBlock, the room an RT generation may count on besides free blocks:
+    - on the simulated engine with bidirectional KV blocks the policy built for itself, the BE
+      slots it would overwrite (the engine's `rt_room_blocks`); the engine does the overwrite;
+    - on a paged KV (the real engine, `bros-recompute`) with `displace_be`, the blocks running BE
+      generations hold privately: when a selected RT generation lacks KV, `displacement_for`
+      names BE generations to preempt by recompute (newest first, as vLLM picks its victims),
+      and the scheduler aborts them and queues them again - the paper's "no bi-cache" baseline
+      ("recomputation for requests failing to acquire cache blocks"), done from outside vLLM.
+    Otherwise running generations keep their tokens until their segment ends: an RT request the
+    selection would leave out still decodes, since vLLM owns the iteration. The adaptive batch
+    limit (`AdaptiveBatchSize`) bounds running + admitted.
     """
 
     skip_refused = True
@@ -53,8 +59,11 @@ class BrosAdmission:
         engine = getattr(policy, "_own_engine", None)
         self.rt_room = engine.rt_room_blocks if (
             engine is not None and engine.name == ctx.engine_name) else None
+        self.displaces = policy.displace_be and self.rt_room is None
         self.rt_keys: set = set()
-        self.rt_extra_blocks = 0  # room only RT generations have (overwritable BE slots)
+        # Room only RT generations have: overwritable BE slots, or BE blocks to preempt.
+        self.rt_extra_blocks = 0
+        self.be_victims: list[tuple[str, int]] = []  # (key, private blocks), newest first
         self.allowed: set = set()
         self.last_selection = None
 
@@ -63,6 +72,7 @@ class BrosAdmission:
         t_avg = self.scheduler.t_avg_s
         be_slack = self.policy.be_slack_s
         rt, be = [], []
+        self.be_victims = []
         for g in p.running:
             k = max(1, g.remaining_tokens)
             kind = _service_class(urgent=g.is_urgent, deadline_s=g.deadline_s, now=p.now,
@@ -71,6 +81,9 @@ class BrosAdmission:
                                 deadline_s=g.deadline_s, tokens_left=k, prefill=False,
                                 new_tokens=1, context_tokens=g.context_tokens, kind=kind)
             (rt if kind == "rt" else be).append(r)
+            if kind != "rt" and self.displaces:
+                self.be_victims.append((g.key, self._private_blocks(g, p.running)))
+        self.be_victims.reverse()  # p.running is in admission order
         view, rows = p.view, p.rows
         deadline = (view.reference_s[rows] + view.ert_s[rows]).tolist()
         bound = np.maximum(view.bound_tokens[rows], 1).tolist()
@@ -88,6 +101,8 @@ class BrosAdmission:
         self.rt_extra_blocks = 0
         if self.rt_room is not None:
             self.rt_extra_blocks = max(0, self.rt_room() - p.free_kv_blocks)
+        elif self.displaces:
+            self.rt_extra_blocks = sum(blocks for _, blocks in self.be_victims)
         oracle = _FreeSlots(p.free_kv_blocks * self.block_size,
                             (p.free_kv_blocks + self.rt_extra_blocks) * self.block_size)
         sel = self.scheduler.select(rt, be, blocks=oracle)
@@ -103,13 +118,42 @@ class BrosAdmission:
         if candidate.key not in self.allowed:
             return False, "not selected by BROS this iteration"
         if candidate.key in self.rt_keys and self.rt_room is not None:
-            # FindPreemptBlock: overwritable BE slots count, and a system prompt that a running
-            # generation holds is shared, not allocated again (the engine checks the real need).
-            free_kv_blocks += self.rt_extra_blocks
-            if any(g.skill_set == candidate.skill_set for g in batch):
-                shared = min(candidate.shared_tokens, max(0, candidate.context_tokens - 1))
-                free_kv_blocks += shared // self.block_size
+            # FindPreemptBlock: overwritable BE slots count (the engine checks the real need).
+            free_kv_blocks = (self._with_shared_prompt(batch, candidate, free_kv_blocks)
+                              + self.rt_extra_blocks)
         return kv_blocks_ok(candidate, free_kv_blocks)
+
+    def displacement_for(self, batch, candidate, free_kv_blocks) -> list[str]:
+        """BE generations to preempt by recompute so that a selected RT candidate fits (newest
+        first, only as many as it needs); none if even all of them would not make room."""
+        if not self.displaces or candidate.key not in self.allowed \
+                or candidate.key not in self.rt_keys:
+            return []
+        room = self._with_shared_prompt(batch, candidate, free_kv_blocks)
+        live = {g.key for g in batch}
+        victims = []
+        for key, blocks in self.be_victims:
+            if room >= candidate.blocks_needed:
+                break
+            if key in live:
+                victims.append(key)
+                room += blocks
+        return victims if room >= candidate.blocks_needed else []
+
+    def _with_shared_prompt(self, batch, candidate, free_kv_blocks: int) -> int:
+        # A system prompt that a running generation holds is shared, not allocated again.
+        if any(g.skill_set == candidate.skill_set for g in batch):
+            shared = min(candidate.shared_tokens, max(0, candidate.context_tokens - 1))
+            free_kv_blocks += shared // self.block_size
+        return free_kv_blocks
+
+    def _private_blocks(self, gen, running) -> int:
+        """Blocks preempting `gen` would free: all of its context but a skill-set prompt that
+        another running generation still holds."""
+        blocks = -(-gen.context_tokens // self.block_size)
+        if any(g.key != gen.key and g.skill_set == gen.skill_set for g in running):
+            blocks -= gen.shared_tokens // self.block_size
+        return max(0, blocks)
 
     def note_admission(self) -> None:
         pass
@@ -138,13 +182,18 @@ class _BrosAdmissionParams:
     """BROS's admission controller and its parameters, shared by `bros` and `timelyllm-bros`.
     `be_slack_s`: a normal segment is BE while its slack exceeds this; `b_base`: the adaptive
     batch size's base (the paper's 128 never binds at our batch sizes, see docs/policies.md);
-    `b_max`: its cap (default: the engine's max_num_seqs)."""
+    `b_max`: its cap (default: the engine's max_num_seqs); `displace_be`: on a paged KV, let an
+    RT generation short of KV preempt running BE generations by recompute (see BrosAdmission)."""
 
     be_slack_s: float = 5.0
     b_base: int = 16
     b_max: int | None = None
     t_avg_init_s: float = 0.025
     t_avg_alpha: float = 0.2
+    displace_be: bool = True
+    # RT before BE in the engine too: admission order and preemption victims (vLLM priority
+    # scheduling on the real engine; BidirectionalKvEngine orders by class itself).
+    engine_scheduling: str = "priority"
     profile: Any = None
 
     def __post_init__(self) -> None:
@@ -163,6 +212,17 @@ class _BrosAdmissionParams:
     def on_step(self, step: StepInfo) -> None:
         if self._admission is not None and step.duration_s > 0:
             self._admission.scheduler.observe(step.duration_s)
+
+    @property
+    def t_avg_s(self) -> float:
+        return self._admission.scheduler.t_avg_s if self._admission else self.t_avg_init_s
+
+    def service_class(self, gen: GenerationInfo, now: float) -> str:
+        """The class BROS's selection gives the generation, for the engine: a priority engine
+        serves BE after RT, the bidirectional-KV engine places them at opposite ends."""
+        return _service_class(urgent=gen.is_urgent, deadline_s=gen.deadline_s, now=now,
+                              tokens_left=gen.bound_tokens, t_avg_s=self.t_avg_s,
+                              be_slack_s=self.be_slack_s)
 
     @property
     def stats(self) -> dict[str, Any]:
@@ -185,15 +245,6 @@ class BrosPolicy(_BrosAdmissionParams, Policy):
     name: str = "bros"
     dispatch: str = "segment"
     bidirectional_kv: bool = True
-
-    @property
-    def t_avg_s(self) -> float:
-        return self._admission.scheduler.t_avg_s if self._admission else self.t_avg_init_s
-
-    def service_class(self, gen: GenerationInfo, now: float) -> str:
-        return _service_class(urgent=gen.is_urgent, deadline_s=gen.deadline_s, now=now,
-                              tokens_left=gen.bound_tokens, t_avg_s=self.t_avg_s,
-                              be_slack_s=self.be_slack_s)
 
     def make_simulated_engine(self, profile: Any, **engine_kwargs: Any) -> Any:
         if not self.bidirectional_kv:
