@@ -48,6 +48,9 @@ def test_sim_engine_planner_serves_trace_plans_over_ros(tmp_path, monkeypatch):
                 assert "".join(texts) == traces[trace_id].plan
                 assert len(texts) >= 2
             assert final["urgent-6"].cached_tokens_total > 0
+            # The planner's log is its own: no line per lifecycle transition from `transitions`.
+            log = (tmp_path / "planner.log").read_text()
+            assert "resumed with" in log and "transitions.core" not in log
         finally:
             client.close()
 

@@ -359,6 +359,9 @@ def _bare_status(task_id: str, robot_id: str, state: str, reason: str) -> TaskSt
 def main(argv: list[str] | None = None) -> int:
     # The core logs through Python logging (e.g. the cached-token count of every resume).
     logging.basicConfig(level=logging.INFO, format="[%(levelname)s] [%(name)s]: %(message)s")
+    # `transitions` logs every state change at INFO (two lines per transition); task states are
+    # published on /timelyllm/task_status already, so its lines would only bury the planner's.
+    logging.getLogger("transitions").setLevel(logging.WARNING)
     rclpy.init(args=argv if argv is not None else sys.argv)
     try:
         node = PlannerNode()
