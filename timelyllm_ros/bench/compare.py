@@ -16,6 +16,7 @@ its error instead of stopping the comparison.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -63,7 +64,6 @@ def headline(workload: str) -> tuple[str, str, bool]:
 
 def run_one(workload: str, policy: str) -> dict[str, Any]:
     """One replay, summarised (runs in a worker process)."""
-    import dataclasses
     from timelyllm_ros.bench.harness import BenchConfig, run_policy
     from timelyllm_ros.bench.metrics import compute_metrics
     from timelyllm_ros.bench.paper_metrics import paper_metrics
@@ -76,9 +76,6 @@ def run_one(workload: str, policy: str) -> dict[str, Any]:
     if workload in PAPER_WORKLOADS:
         from timelyllm_ros.bench.paper_workloads import build_scenario
         scenario = build_scenario(workload)
-        if kv_blocks is not None:
-            scenario = dataclasses.replace(scenario, profile=dataclasses.replace(
-                scenario.profile, kv_total_blocks=kv_blocks))
         if scenario.pauses_required and get_policy(policy).dispatch != "segment":
             return {"skipped": "cannot pause a generation for a tool call"}
         events, wl, kwargs = scenario.events, scenario.workload, scenario.run_kwargs()
@@ -86,9 +83,9 @@ def run_one(workload: str, policy: str) -> dict[str, Any]:
     else:
         wl = load_workload(workload)
         events, kwargs = compose(wl), {}
-        if kv_blocks is not None:
-            config = dataclasses.replace(config, profile=dataclasses.replace(
-                config.load_profile(), kv_total_blocks=kv_blocks))
+    if kv_blocks is not None:  # after the scenario's own profile, as `timelyllm bench --kv-blocks`
+        config = dataclasses.replace(config, profile=dataclasses.replace(
+            config.load_profile(), kv_total_blocks=kv_blocks))
     try:
         run = run_policy(events, policy, wl, config, **kwargs)
     except (RuntimeError, ValueError) as exc:

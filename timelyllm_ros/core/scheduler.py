@@ -743,15 +743,7 @@ class SegmentScheduler:
         task.owed_text = task.generated.cut_for_resume()
         task.lifecycle.suspend(now)
         task.queued_since_s = now
-        skill_set = self._skill_set_of(task.spec)
-        bs = self.context.kv_block_size
-        # The previous run's full blocks are expected back (prefix cache, pinned or host copy).
-        cached = (max(0, context - 1) // bs) * bs
-        task.queue_slot = self._queue.add(
-            suspended_row(task.spec.tuf, task.spec.arrival_s, task.robot_free_at(now),
-                          len(task.segments), enqueued_s=now, is_urgent=task.spec.is_urgent,
-                          **self._sizes(task, skill_set, cached=cached)),
-            key=task.task_id)
+        self._requeue(task, now, computed=context)
         self._emit(task)
 
     def _preempt(self, task: TaskRecord, now: float) -> None:
@@ -770,18 +762,26 @@ class SegmentScheduler:
         task.preemptions += 1
         self.preemptions += 1
         task.lifecycle.preempt(now)
-        bs = self.context.kv_block_size
-        cached = (max(0, _context_of(task) - 1) // bs) * bs
-        sizes = self._sizes(task, skill_set, cached=cached)
-        if task.segments:
-            row = suspended_row(task.spec.tuf, task.spec.arrival_s, task.robot_free_at(now),
-                                len(task.segments), enqueued_s=task.queued_since_s,
-                                is_urgent=task.spec.is_urgent, **sizes)
-        else:
-            row = initial_row(task.spec.tuf, task.spec.arrival_s, enqueued_s=task.queued_since_s,
-                              is_urgent=task.spec.is_urgent, **sizes)
-        task.queue_slot = self._queue.add(row, key=task.task_id)
+        self._requeue(task, now, computed=_context_of(task))
         self._emit(task)
+
+    def _requeue(self, task: TaskRecord, now: float, computed: int) -> None:
+        """Queue the next run of a generation that had `computed` tokens in the engine: its
+        full blocks are expected back (prefix cache, pinned or host copy). Its row keeps the
+        reference of the segment it generates (arrival for the first, the robot's estimated
+        completion of the previous one after that) and `queued_since_s`."""
+        bs = self.context.kv_block_size
+        cached = (max(0, computed - 1) // bs) * bs
+        sizes = self._sizes(task, self._skill_set_of(task.spec), cached=cached)
+        spec = task.spec
+        if task.segments:
+            row = suspended_row(spec.tuf, spec.arrival_s, task.robot_free_at(now),
+                                len(task.segments), enqueued_s=task.queued_since_s,
+                                is_urgent=spec.is_urgent, **sizes)
+        else:
+            row = initial_row(spec.tuf, spec.arrival_s, enqueued_s=task.queued_since_s,
+                              is_urgent=spec.is_urgent, **sizes)
+        task.queue_slot = self._queue.add(row, key=task.task_id)
 
     def _pause_handling(self, task: TaskRecord, context: int, now: float) -> str:
         if not (self._hook_pause and self._engine_pauses) or task.engine_request_id is None:

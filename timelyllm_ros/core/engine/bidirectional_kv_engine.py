@@ -219,50 +219,19 @@ class BidirectionalKvEngine(SimulatedEngine):
             out.append(seq)
         return out
 
-    def _admit_waiting(self) -> tuple[list[_Sequence], dict[str, int], float]:
-        """Admission in BROS's class order: waiting RT requests first (they may take BE slots
-        to get in), then BE requests; FCFS within a class, and each class stops at its first
-        request that does not fit, as BROS's selection loops do. A BE request that cannot be
-        placed therefore never holds back an RT request behind it, which the base engine's
-        single FCFS queue would do."""
-        kv = self.bidirectional_kv
-        admitted: list[_Sequence] = []
-        cached: dict[str, int] = {}
-        swap_in_s = 0.0
-        for side in (RT, BE):
-            for seq in [s for s in self._waiting if self._side(s) == side]:
-                if len(self._running) >= self.max_num_seqs or self._budget <= 0:
-                    return admitted, cached, swap_in_s
-                plan = self._placement(seq, side)
-                while plan is None and not self._running and not admitted \
-                        and self._revoke_preserved():
-                    plan = self._placement(seq, side)  # nothing else would ever free room
-                if plan is None:
-                    break
-                hits, new_slots, need = plan
-                rid = seq.request.request_id
-                self._waiting.remove(seq)
-                if kv.kind_of(rid) is not None:  # resumed after a preserved pause
-                    computed = seq.num_computed
-                    self._fits(rid, side, need)
-                    if kv.host_slots(rid):
-                        self._swap_in(rid)
-                    self._slot_reserved.discard(rid)
-                else:
-                    computed, cost = self._attach_prefix_hits(seq, hits)
-                    swap_in_s += cost
-                    self._fits(rid, side, new_slots)
-                self._append(rid, side, new_slots)
-                self._admitted(seq, computed)
-                cached[rid] = computed
-                admitted.append(seq)
-        return admitted, cached, swap_in_s
+    def _admission_groups(self) -> list[list[_Sequence]]:
+        """BROS's class order: waiting RT requests first (they may take BE slots to get in),
+        then BE; FCFS within a class, and each class stops at its first request that does not
+        fit, as BROS's selection loops do. A BE request that cannot be placed therefore never
+        holds back an RT request behind it, which a single FCFS queue would do."""
+        return [[s for s in self._waiting if self._side(s) == side] for side in (RT, BE)]
 
-    def _placement(self, seq: _Sequence, side: str) -> tuple[list, int, int] | None:
-        """(prefix-cache hits, slots to append, slots it needs in all) if the waiting `seq`
-        can be placed now, else None."""
+    def _placement(self, seq: _Sequence):
+        """(side, prefix-cache hits, slots to append, slots it needs in all) if the waiting
+        `seq` can be placed now, else None; its private tail goes into the region."""
         kv = self.bidirectional_kv
         rid = seq.request.request_id
+        side = self._side(seq)
         if kv.kind_of(rid) is not None:  # resumed after a preserved pause: keeps its slots
             hits = []
             reserved = 1 if rid in self._slot_reserved else 0
@@ -276,7 +245,24 @@ class BidirectionalKvEngine(SimulatedEngine):
         reach = kv.rt_capacity(rid) if side == RT else kv.be_capacity(rid)
         if need > (self._pool.num_free() - reclaimed) * self._block_size + reach:
             return None
-        return hits, new_slots, need
+        return side, hits, new_slots, need
+
+    def _place(self, seq: _Sequence, plan) -> tuple[int, float]:
+        kv = self.bidirectional_kv
+        side, hits, new_slots, need = plan
+        rid = seq.request.request_id
+        cost = 0.0
+        if kv.kind_of(rid) is not None:
+            computed = seq.num_computed
+            self._fits(rid, side, need)
+            if kv.host_slots(rid):
+                self._swap_in(rid)
+            self._slot_reserved.discard(rid)
+        else:
+            computed, cost = self._attach_prefix_hits(seq, hits)
+            self._fits(rid, side, new_slots)
+        self._append(rid, side, new_slots)
+        return computed, cost
 
     def _commit_full_blocks(self, seq: _Sequence) -> None:
         # Private slots are not shareable while their request runs (see module docstring);

@@ -190,6 +190,7 @@ class _Sequence:
     # Admitted, but its prompt is not all computed yet (chunked prefill over several steps).
     prefill_pending: bool = False
     cached_at_admission: int = 0  # reported with its first token
+    chunk: int = 0  # tokens it computes in the step being scheduled
 
     @property
     def generated(self) -> int:
@@ -238,7 +239,6 @@ class SimulatedEngine:
             raise ValueError(f"max_num_batched_tokens ({self._step_tokens}) must be >= "
                              f"max_num_seqs ({max_num_seqs})")
         self._budget = self._step_tokens  # tokens left in the step being scheduled
-        self._chunks: dict[int, int] = {}  # id(seq) -> tokens it computes in that step
         self.tokenizer = tokenizer if tokenizer is not None else PieceTokenizer()
         self._clock = float(start_time)
         self._block_size = self.profile.kv_block_size
@@ -448,22 +448,20 @@ class SimulatedEngine:
         waiting requests while budget and KV last. A request whose prompt is not all computed at
         the end of the step emits nothing yet."""
         self._budget = self._step_tokens
-        self._chunks = {}
         preempted = self._reserve_decode_blocks()
         running = list(self._running)
         for seq in running:
             self._schedule_tokens(seq)
-        admitted, cached_now, swap_in_s = ([], {}, 0.0) if preempted else self._admit_waiting()
+        admitted, swap_in_s = ([], 0.0) if preempted else self._admit_waiting()
         # A request the budget left out this step (behind an older chunked prefill) computes
         # nothing and keeps whatever it reserved for its next token.
-        computing = self._decodes_computed([s for s in running if self._chunks.get(id(s))])
+        computing = self._decodes_computed([s for s in running if s.chunk])
 
         prefill_tokens = 0
         for seq in computing + admitted:
-            chunk = self._chunks[id(seq)]
             if seq.prefill_pending:
-                prefill_tokens += chunk
-            seq.num_computed += chunk
+                prefill_tokens += seq.chunk
+            seq.num_computed += seq.chunk
             seq.prefill_pending = seq.num_computed < len(seq.tokens)
         batch = computing + admitted
         context = sum(seq.num_computed for seq in batch)
@@ -482,7 +480,7 @@ class SimulatedEngine:
                 "context_tokens": context,
                 "admitted": [s.request.request_id for s in admitted],
                 "preempted": preempted,
-                "cached_tokens": sum(cached_now.values()),
+                "cached_tokens": sum(s.cached_at_admission for s in admitted),
                 "swap_s": swap_s,
                 "scheduled_tokens": self._step_tokens - self._budget,
                 "partial_prefills": sum(1 for seq in batch if seq.prefill_pending),
@@ -499,9 +497,8 @@ class SimulatedEngine:
     def _schedule_tokens(self, seq: _Sequence) -> None:
         """Give `seq` its tokens of this step's budget: one for a decode, else the next chunk of
         its prompt (as much as is left of the budget)."""
-        chunk = min(len(seq.tokens) - seq.num_computed, self._budget)
-        self._budget -= chunk
-        self._chunks[id(seq)] = chunk
+        seq.chunk = min(len(seq.tokens) - seq.num_computed, self._budget)
+        self._budget -= seq.chunk
 
     def _admitted(self, seq: _Sequence, computed: int) -> None:
         """Book-keeping shared by every admission loop: `seq` starts with `computed` tokens
@@ -553,12 +550,13 @@ class SimulatedEngine:
             return max(self._running, key=self._rank)
         return self._running[-1]
 
-    def _admission_order(self) -> list[_Sequence]:
-        """Waiting requests in the order admission tries them (preempted ones are at the head
-        of the FCFS queue, as in vLLM)."""
+    def _admission_groups(self) -> list[list[_Sequence]]:
+        """Waiting requests in the order admission tries them, in groups: the first request of
+        a group that does not fit ends that group. One group here (preempted requests are at
+        the head of the FCFS queue, as in vLLM); a subclass may serve classes separately."""
         if self.scheduling_policy == "priority":
-            return sorted(self._waiting, key=self._rank)
-        return list(self._waiting)
+            return [sorted(self._waiting, key=self._rank)]
+        return [list(self._waiting)]
 
     def _decodes_computed(self, decoding: list[_Sequence]) -> list[_Sequence]:
         """The running sequences (given after reservation and admission) that compute a token in
@@ -570,42 +568,54 @@ class SimulatedEngine:
         self._free_blocks(seq)
         self._waiting.insert(0, seq)
 
-    def _admit_waiting(self) -> tuple[list[_Sequence], dict[str, int], float]:
-        """Admit waiting requests in `_admission_order` while slots, token budget and KV blocks
-        last; the first that does not fit stops admission (vLLM's rule)."""
+    def _admit_waiting(self) -> tuple[list[_Sequence], float]:
+        """Admit waiting requests in `_admission_groups` order while slots, token budget and KV
+        last. Returns the admitted sequences and the swap-in time their admission costs."""
         admitted: list[_Sequence] = []
-        cached: dict[str, int] = {}
         swap_in_s = 0.0
-        for seq in self._admission_order():
-            if len(self._running) >= self.max_num_seqs or self._budget <= 0:
-                break
-            while True:
-                if seq.blocks:  # resumed after a preserved pause: it still holds its blocks
-                    hits = []
-                    need_new = self._blocks_for(len(seq.tokens)) - len(seq.blocks)
-                    reclaimed = 0
-                else:
-                    hits = self._prefix_hits(seq)
-                    need_new = self._blocks_for(len(seq.tokens)) - len(hits)
-                    reclaimed = sum(1 for b, _ in hits if self._pool.ref[b] == 0)
-                fits = need_new <= self._pool.num_free() - reclaimed
-                # Nothing else would ever free blocks for it: give up a preserved pause's.
-                if fits or self._running or admitted or not self._revoke_preserved():
+        for group in self._admission_groups():
+            for seq in group:
+                if len(self._running) >= self.max_num_seqs or self._budget <= 0:
+                    return admitted, swap_in_s
+                plan = self._placement(seq)
+                while plan is None and not self._running and not admitted \
+                        and self._revoke_preserved():
+                    plan = self._placement(seq)  # nothing else would ever free room for it
+                if plan is None:
                     break
-            if not fits:
-                break
-            self._waiting.remove(seq)
-            if seq.blocks:
-                computed = seq.num_computed
-            else:
-                computed, cost = self._attach_prefix_hits(seq, hits)
+                self._waiting.remove(seq)
+                computed, cost = self._place(seq, plan)
                 swap_in_s += cost
-            for _ in range(need_new):
-                seq.blocks.append(self._pool.allocate())
-            self._admitted(seq, computed)
-            cached[seq.request.request_id] = computed
-            admitted.append(seq)
-        return admitted, cached, swap_in_s
+                self._admitted(seq, computed)
+                admitted.append(seq)
+        return admitted, swap_in_s
+
+    def _placement(self, seq: _Sequence):
+        """What admitting waiting `seq` takes, if it fits now (else None): its prefix-cache
+        hits and the blocks to allocate."""
+        if seq.blocks:  # resumed after a preserved pause: it still holds its blocks
+            hits: list[tuple[int, int]] = []
+            need_new = self._blocks_for(len(seq.tokens)) - len(seq.blocks)
+            reclaimed = 0
+        else:
+            hits = self._prefix_hits(seq)
+            need_new = self._blocks_for(len(seq.tokens)) - len(hits)
+            reclaimed = sum(1 for b, _ in hits if self._pool.ref[b] == 0)
+        if need_new > self._pool.num_free() - reclaimed:
+            return None
+        return hits, need_new
+
+    def _place(self, seq: _Sequence, plan) -> tuple[int, float]:
+        """Give `seq` the KV its `_placement` found. Returns (tokens already computed, swap-in
+        seconds)."""
+        hits, need_new = plan
+        if seq.blocks:
+            computed, cost = seq.num_computed, 0.0
+        else:
+            computed, cost = self._attach_prefix_hits(seq, hits)
+        for _ in range(need_new):
+            seq.blocks.append(self._pool.allocate())
+        return computed, cost
 
     def _attach_prefix_hits(self, seq: _Sequence, hits: list[tuple[int, int]]) -> tuple[int, float]:
         """Give an admitted sequence its cached blocks and, after a swap pause, copy back the

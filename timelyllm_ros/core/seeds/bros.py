@@ -538,10 +538,6 @@ class BidirectionalKV:
     def _empties(self) -> np.ndarray:
         return self.size - self.rt_fill - self.be_fill
 
-    def _last(self, req_id: Hashable) -> int | None:
-        bl = self._blocks.get(req_id)
-        return bl[-1] if bl else None
-
     def _room_in_last(self, blocks: list[int]) -> int:
         # Appends that fit here need no capacity scan (the scan is O(blocks), this is O(1)).
         if not blocks:
@@ -549,14 +545,15 @@ class BidirectionalKV:
         j = blocks[-1]
         return self.size - int(self.rt_fill[j]) - int(self.be_fill[j])
 
-    def _own_empty(self, req_id: Hashable, kind: str) -> int:
-        """Empty slots in the blocks `req_id` already holds on side `kind` (0 for another side)."""
-        if self._kind.get(req_id) != kind:
-            return 0
-        blocks = self._blocks[req_id]
-        if not blocks:
-            return 0
-        return int(self._empties()[blocks].sum())
+    def _reachable_empty(self, req_id: Hashable, kind: str) -> int:
+        """Empty slots a `kind` append by `req_id` can use without overwriting: those of blocks
+        no request of that side owns, and those of its own blocks."""
+        emp = self._empties()
+        owner = self.rt_owner if kind == RT else self.be_owner
+        reach = int(emp[(owner == -1) & self.usable].sum())
+        if self._kind.get(req_id) == kind and self._blocks[req_id]:
+            reach += int(emp[self._blocks[req_id]].sum())
+        return reach
 
     def set_usable(self, j: int, usable: bool) -> None:
         if not usable and (self.rt_fill[j] or self.be_fill[j]):
@@ -579,14 +576,12 @@ class BidirectionalKV:
         return cap
 
     def be_capacity(self, req_id: Hashable) -> int:
-        """Empty slots a BE append can get: those of BE-free blocks and of its own blocks."""
-        emp = self._empties()
-        return int(emp[(self.be_owner == -1) & self.usable].sum()) + self._own_empty(req_id, BE)
+        """Empty slots a BE append can get (BE never overwrites)."""
+        return self._reachable_empty(req_id, BE)
 
     def reachable_empty_rt(self, req_id: Hashable) -> int:
         """Empty slots an RT append would use before it has to overwrite BE slots."""
-        emp = self._empties()
-        return int(emp[(self.rt_owner == -1) & self.usable].sum()) + self._own_empty(req_id, RT)
+        return self._reachable_empty(req_id, RT)
 
     # -- mutations --
 

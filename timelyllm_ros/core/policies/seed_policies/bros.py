@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,6 +74,7 @@ class BrosAdmission:
         be_slack = self.policy.be_slack_s
         rt, be = [], []
         self.be_victims = []
+        per_skill_set = Counter(g.skill_set for g in p.running)
         for g in p.running:
             k = max(1, g.remaining_tokens)
             kind = _service_class(urgent=g.is_urgent, deadline_s=g.deadline_s, now=p.now,
@@ -82,7 +84,7 @@ class BrosAdmission:
                                 new_tokens=1, context_tokens=g.context_tokens, kind=kind)
             (rt if kind == "rt" else be).append(r)
             if kind != "rt" and self.displaces:
-                self.be_victims.append((g.key, self._private_blocks(g, p.running)))
+                self.be_victims.append((g.key, self._private_blocks(g, per_skill_set)))
         self.be_victims.reverse()  # p.running is in admission order
         view, rows = p.view, p.rows
         deadline = (view.reference_s[rows] + view.ert_s[rows]).tolist()
@@ -147,11 +149,12 @@ class BrosAdmission:
             free_kv_blocks += shared // self.block_size
         return free_kv_blocks
 
-    def _private_blocks(self, gen, running) -> int:
+    def _private_blocks(self, gen, per_skill_set: Counter) -> int:
         """Blocks preempting `gen` would free: all of its context but a skill-set prompt that
-        another running generation still holds."""
+        another running generation still holds (`per_skill_set`: running generations per skill
+        set, counted once per pass)."""
         blocks = -(-gen.context_tokens // self.block_size)
-        if any(g.key != gen.key and g.skill_set == gen.skill_set for g in running):
+        if per_skill_set[gen.skill_set] > 1:
             blocks -= gen.shared_tokens // self.block_size
         return max(0, blocks)
 
