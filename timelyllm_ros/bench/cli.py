@@ -162,6 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=None, help="local model directory (--engine vllm)")
     p.add_argument("--duration-s", type=float, default=None,
                    help="replay only the first S seconds of the workload")
+    p.add_argument("--requests", type=int, default=None, metavar="N",
+                   help="a seed paper's workload with a fixed request count (seed003-gsm8k, "
+                        "seed004-api): only its first N requests")
     p.add_argument("--resume-lead-s", type=_optional_number(float), default=DEFAULT_RESUME_LEAD_S,
                    help="resume a suspended generation no earlier than this long before its "
                         "robot is expected to finish ('none' = as soon as admitted; default)")
@@ -281,6 +284,14 @@ def _load_scenario(args: argparse.Namespace, policies: list[str]):
         if "duration_s" not in accepted:
             raise UsageError(f"--duration-s: workload {args.workload} has a fixed request count")
         params["duration_s"] = args.duration_s
+    if args.requests is not None:
+        accepted = inspect.signature(SCENARIOS[args.workload.lower()]).parameters
+        if "n" not in accepted:
+            raise UsageError(f"--requests: workload {args.workload} is bounded by time "
+                             "(use --duration-s)")
+        if args.requests < 1:
+            raise UsageError(f"--requests: must be >= 1, got {args.requests}")
+        params["n"] = args.requests
     scenario = build_scenario(args.workload, seed=args.seed, **params)
     if not scenario.pauses_required:
         return scenario, policies
@@ -360,6 +371,9 @@ def _main(args: argparse.Namespace) -> int:
         workload, events, run_kwargs = scenario.workload, scenario.events, scenario.run_kwargs()
         prompt_tokens = None
     else:
+        if args.requests is not None:
+            raise UsageError("--requests: only for a seed paper's workload with a fixed request "
+                             "count (seed003-gsm8k, seed004-api)")
         workload, events = load_events_for(args.workload, args.seed, args.duration_s)
     if not events:
         raise UsageError(f"workload {workload.name}: no events in {workload.duration_s:g} s")

@@ -1,0 +1,136 @@
+"""Golden numbers of the simulated bench: record them once, check that a change keeps them.
+
+The simulated bench runs in virtual time and is deterministic, so a refactor that keeps the
+behaviour keeps every figure of `timelyllm bench --json` bit for bit (wall-clock fields aside).
+
+    python tools/golden_bench.py record [--full]   write test/golden/bench-{quick,full}.json
+    python tools/golden_bench.py check [--full]    rerun and list every figure that differs
+
+`quick` (checked by `make test`) replays a prefix of each workload; `full` (`make golden`) the
+whole of WID1-3 and of each seed paper's workload. Both run every policy of the comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+GOLDEN_DIR = Path(__file__).resolve().parents[1] / "test" / "golden"
+
+POLICIES = ("vllm", "vllm-stream", "fcfs-seg", "edf-seg", "timelyllm", "mcsf", "mcsf-utility",
+            "mcsf-shared", "mcsf-alpha-greedy", "mcsf-alpha-beta", "bros", "bros-recompute",
+            "hybrid", "hybrid-nogate", "lamps", "infercept", "timelyllm-mcsf", "timelyllm-bros",
+            "timelyllm-lamps")
+
+# (label, extra `timelyllm bench` arguments). Quick runs cut each workload to a prefix.
+RUNS: dict[str, list[tuple[str, list[str]]]] = {
+    "quick": [
+        ("WID1", ["--workload", "WID1", "--duration-s", "60"]),
+        ("WID2", ["--workload", "WID2", "--duration-s", "40"]),
+        ("WID3", ["--workload", "WID3", "--duration-s", "150"]),
+        ("seed001-chat", ["--workload", "seed001-chat", "--duration-s", "15"]),
+        ("seed002-rtbe", ["--workload", "seed002-rtbe", "--duration-s", "6"]),
+        ("seed002-rtbe@kv320", ["--workload", "seed002-rtbe", "--duration-s", "6",
+                                "--kv-blocks", "320"]),
+        ("seed003-gsm8k", ["--workload", "seed003-gsm8k", "--requests", "150"]),
+        ("seed004-api", ["--workload", "seed004-api", "--requests", "60"]),
+    ],
+    "full": [
+        ("WID1", ["--workload", "WID1"]),
+        ("WID2", ["--workload", "WID2"]),
+        ("WID3", ["--workload", "WID3"]),
+        ("seed001-chat", ["--workload", "seed001-chat"]),
+        ("seed002-rtbe", ["--workload", "seed002-rtbe"]),
+        ("seed002-rtbe@kv320", ["--workload", "seed002-rtbe", "--kv-blocks", "320"]),
+        ("seed003-gsm8k", ["--workload", "seed003-gsm8k"]),
+        ("seed004-api", ["--workload", "seed004-api"]),
+    ],
+}
+
+# Measured in wall-clock time: they differ between any two runs.
+WALL_CLOCK_KEYS = frozenset({"scheduling_overhead_ms", "wall_s"})
+
+
+def strip_wall_clock(doc: Any) -> Any:
+    if isinstance(doc, dict):
+        return {k: strip_wall_clock(v) for k, v in doc.items() if k not in WALL_CLOCK_KEYS}
+    if isinstance(doc, list):
+        return [strip_wall_clock(v) for v in doc]
+    return doc
+
+
+def golden_path(kind: str) -> Path:
+    return GOLDEN_DIR / f"bench-{kind}.json"
+
+
+def run_bench(args: list[str]) -> dict[str, Any]:
+    """One `timelyllm bench` run through its command-line entry point, as its JSON."""
+    from timelyllm_ros.cli import main as cli_main
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "bench.json"
+        argv = ["bench", *args, "--policies", ",".join(POLICIES), "--no-progress",
+                "--json", str(out)]
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            status = cli_main(argv)
+        if status != 0:
+            raise RuntimeError(f"timelyllm {' '.join(argv)} exited {status}")
+        return strip_wall_clock(json.loads(out.read_text(encoding="utf-8")))
+
+
+def run_all(kind: str, verbose: bool = True) -> dict[str, Any]:
+    out = {}
+    for label, args in RUNS[kind]:
+        started = time.perf_counter()
+        out[label] = run_bench(args)
+        if verbose:
+            print(f"{label}: {time.perf_counter() - started:.1f} s", file=sys.stderr)
+    return out
+
+
+def differences(expected: Any, actual: Any, path: str = "") -> Iterator[str]:
+    """Every leaf where `actual` differs from `expected`, as 'path: expected != actual'."""
+    if isinstance(expected, dict) and isinstance(actual, dict):
+        for key in sorted(set(expected) | set(actual)):
+            sub = f"{path}/{key}"
+            if key not in actual:
+                yield f"{sub}: missing"
+            elif key not in expected:
+                yield f"{sub}: unexpected"
+            else:
+                yield from differences(expected[key], actual[key], sub)
+    elif isinstance(expected, list) and isinstance(actual, list) and len(expected) == len(actual):
+        for i, (e, a) in enumerate(zip(expected, actual)):
+            yield from differences(e, a, f"{path}[{i}]")
+    elif expected != actual and not (expected != expected and actual != actual):  # NaN == NaN
+        yield f"{path}: {expected!r} != {actual!r}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("action", choices=("record", "check"))
+    p.add_argument("--full", action="store_true", help="whole workloads (minutes)")
+    args = p.parse_args(argv)
+    kind = "full" if args.full else "quick"
+    doc = run_all(kind)
+    path = golden_path(kind)
+    if args.action == "record":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+        print(f"wrote {path}", file=sys.stderr)
+        return 0
+    diff = list(differences(json.loads(path.read_text(encoding="utf-8")), doc))
+    for line in diff[:50]:
+        print(line)
+    print(f"{len(diff)} figures differ from {path}", file=sys.stderr)
+    return 1 if diff else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
