@@ -1,12 +1,13 @@
 # Two commands do everything on a fresh Debian 12 / Python 3.11 machine:
 #   make demo   set up (first run: a few minutes), then run the end-to-end demo
-#   make test   set up, then run the whole test suite
+#   make test   set up, then run the whole test suite (the import-layering contract in
+#               .importlinter included: test/unit/test_layout.py)
 # Set-up is idempotent: finished steps are skipped in seconds.
 
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup demo test test-fast bench golden clean
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -20,6 +21,11 @@ test: setup
 # Core only: no ROS processes, no vLLM engine (seconds).
 test-fast: setup
 	$(PY) -m pytest -m "not ros and not vllm"
+
+# Every figure of the simulated bench, whole workloads, against the numbers recorded before the
+# redesign (a few minutes; `make test` checks a prefix of each workload).
+golden: setup
+	$(PY) tools/golden_bench.py check --full
 
 bench: setup
 	$(VENV)/bin/timelyllm bench --workload WID1 --policies vllm,vllm-stream,fcfs-seg,edf-seg,timelyllm --engine sim

@@ -32,15 +32,13 @@ POLICIES = ("vllm", "vllm-stream", "fcfs-seg", "edf-seg", "timelyllm", "mcsf", "
 # (label, extra `timelyllm bench` arguments). Quick runs cut each workload to a prefix.
 RUNS: dict[str, list[tuple[str, list[str]]]] = {
     "quick": [
-        ("WID1", ["--workload", "WID1", "--duration-s", "60"]),
-        ("WID2", ["--workload", "WID2", "--duration-s", "40"]),
-        ("WID3", ["--workload", "WID3", "--duration-s", "150"]),
-        ("seed001-chat", ["--workload", "seed001-chat", "--duration-s", "15"]),
-        ("seed002-rtbe", ["--workload", "seed002-rtbe", "--duration-s", "6"]),
-        ("seed002-rtbe@kv320", ["--workload", "seed002-rtbe", "--duration-s", "6",
-                                "--kv-blocks", "320"]),
-        ("seed003-gsm8k", ["--workload", "seed003-gsm8k", "--requests", "150"]),
-        ("seed004-api", ["--workload", "seed004-api", "--requests", "60"]),
+        ("WID1", ["--workload", "WID1", "--duration-s", "30"]),
+        ("WID2", ["--workload", "WID2", "--duration-s", "20"]),
+        ("WID3", ["--workload", "WID3", "--duration-s", "80"]),
+        ("seed001-chat", ["--workload", "seed001-chat", "--duration-s", "8"]),
+        ("seed002-rtbe", ["--workload", "seed002-rtbe", "--duration-s", "3"]),
+        ("seed003-gsm8k", ["--workload", "seed003-gsm8k", "--requests", "80"]),
+        ("seed004-api", ["--workload", "seed004-api", "--requests", "30"]),
     ],
     "full": [
         ("WID1", ["--workload", "WID1"]),
@@ -72,7 +70,9 @@ def golden_path(kind: str) -> Path:
 
 def run_bench(args: list[str]) -> dict[str, Any]:
     """One `timelyllm bench` run through its command-line entry point, as its JSON."""
-    from timelyllm_ros.cli import main as cli_main
+    # The installed `timelyllm` command, wherever the package keeps it.
+    from importlib.metadata import entry_points
+    cli_main = entry_points(group="console_scripts")["timelyllm"].load()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
         argv = ["bench", *args, "--policies", ",".join(POLICIES), "--no-progress",

@@ -64,7 +64,8 @@ def headline(workload: str) -> tuple[str, str, bool]:
 
 def run_one(workload: str, policy: str) -> dict[str, Any]:
     """One replay, summarised (runs in a worker process)."""
-    from timelyllm_ros.bench.harness import BenchConfig, run_policy
+    from timelyllm_ros.bench.config import BenchConfig
+    from timelyllm_ros.bench.replay import run_policy
     from timelyllm_ros.bench.metrics import compute_metrics
     from timelyllm_ros.bench.paper_metrics import paper_metrics
     from timelyllm_ros.core.policies.registry import get_policy

@@ -3,7 +3,7 @@
 - utility: the TUF of the task's response time (Eq. 1);
 - response time: task arrival until the first segment reaches the robot;
 - waiting time: completion time minus robot execution time (minus time the robot spent on other
-  tasks, see harness.py), i.e. the delay LLM planning added to the task;
+  tasks, see replay.py), i.e. the delay LLM planning added to the task;
 - p99 response time, and the deadline-miss rate (share of tasks whose response time exceeds the
   ERT of their TUF);
 - scheduling overhead: mean time per priority recompute + sort before a fetch, in ms.

@@ -33,7 +33,7 @@ def _nanmean(values: Sequence[float]) -> float:
 
 
 def paper_metrics(tasks: Sequence[Any]) -> dict[str, Any]:
-    """Headline figures of one run; `tasks` are harness.TaskResult objects."""
+    """Headline figures of one run; `tasks` are bench.results.TaskResult objects."""
     lat = np.asarray([t.latency_s for t in tasks], dtype=float)
     lat = lat[np.isfinite(lat)]
     delivered = [t.arrival_s + t.latency_s for t in tasks if math.isfinite(t.latency_s)]

@@ -3,7 +3,7 @@
 The robot workloads (WID1-3) are TimelyLLM's. Seeds 001-004 were evaluated on other traffic;
 each scenario below rebuilds that traffic from the distributions in
 `../shared/notes/seed-digests.md` (and, where the digest only names a dataset, the moments the
-reproductions in `core/seeds/` already use), so every policy can be compared on it through the
+reproductions in `papers/` already use), so every policy can be compared on it through the
 same scheduler and simulated engine:
 
 | scenario | paper | traffic | what the paper measures |
@@ -36,14 +36,15 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from timelyllm_ros.bench.harness import BenchConfig
+from timelyllm_ros.bench.config import BenchConfig
 from timelyllm_ros.core.engine.cost_model import EngineProfile
-from timelyllm_ros.core.engine.sim_engine import PieceTokenizer
+from timelyllm_ros.core.engine.sim.tokenizer import PieceTokenizer
 from timelyllm_ros.core.exec_model import ExecutionTimeModel
-from timelyllm_ros.core.seeds.lamps import INFERCEPT_APIS
+from timelyllm_ros.core.sampling import lognormal_by_mean_std as _lognormal_mean_std
+from timelyllm_ros.papers.lamps.pause_workload import INFERCEPT_APIS
 # The moments the seed reproductions use: LMSYS-Chat-1M (001), ShareGPT + BE batches (002).
-from timelyllm_ros.core.seeds.mcsf import (CHAT_CAP, CHAT_OUTPUT_MEAN, CHAT_PROMPT_MEAN,
-                                           CHAT_SIGMA, PAPER_M)
+from timelyllm_ros.papers.mcsf.chat_experiment import (CHAT_CAP, CHAT_OUTPUT_MEAN,
+                                                       CHAT_PROMPT_MEAN, CHAT_SIGMA, PAPER_M)
 from timelyllm_ros.core.skills import get_language
 from timelyllm_ros.core.skills.skillset import SkillSet
 from timelyllm_ros.core.tuf import TUF, TufLevels
@@ -85,7 +86,7 @@ class Scenario:
         return ExecutionTimeModel.from_mapping(self.exec_model_spec, source=self.name)
 
     def run_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of `harness.run_policy` for this scenario."""
+        """Keyword arguments of `bench.replay.run_policy` for this scenario."""
         return {"traces": self.traces, "tuf_levels": self.tuf_levels,
                 "skill_sets": self.skill_sets, "exec_model_factory": self.exec_model,
                 "call_durations": self.call_durations}
@@ -135,11 +136,6 @@ def _skill_set(name: str, language: str, system_prompt: str, *, max_segment_toke
     return SkillSet(name=name, language=get_language(language), system_prompt=system_prompt,
                     user_template="{instruction}", max_statements=max_statements,
                     max_segment_tokens=max_segment_tokens, max_plan_tokens=max_plan_tokens)
-
-
-def _lognormal_mean_std(rng: np.random.Generator, mean: float, std: float, size: int) -> np.ndarray:
-    s2 = math.log1p((std / mean) ** 2)
-    return rng.lognormal(math.log(mean) - s2 / 2, math.sqrt(s2), size)
 
 
 def _poisson_times(rng: np.random.Generator, rate: float, duration_s: float) -> list[float]:
@@ -238,7 +234,7 @@ def seed002_rtbe(seed: int = 1, duration_s: float = 60.0, rt_rate_per_s: float =
     U(32, 128), one segment each, TUF `be` (full utility within 60 s); the next batch is
     submitted when the previous one has completed, until `duration_s`.
     """
-    from timelyllm_ros.core.seeds.bros import HybridWorkload  # imports SciPy
+    from timelyllm_ros.papers.bros.reproduction_workload import HybridWorkload
     w = HybridWorkload()
     rng = np.random.default_rng(seed)
     times = _poisson_times(rng, rt_rate_per_s, duration_s)
@@ -292,11 +288,11 @@ def seed002_rtbe(seed: int = 1, duration_s: float = 60.0, rt_rate_per_s: float =
 
 def seed003_gsm8k(seed: int = 0, n: int = 1319, slots: int = 200) -> Scenario:
     """A GSM8K-like batch (003): n requests submitted at t = 0 with GSM8K's reported moments
-    (prompts 68.4 +- 25.0 tokens; outputs 344.8 +- 188.0 under a 512 cap, `seeds.hybrid.
+    (prompts 68.4 +- 25.0 tokens; outputs 344.8 +- 188.0 under a 512 cap, `papers.hybrid.gsm8k.
     gsm8k_like`), `slots` running at most, on the paper's fitted LLaMA-65B time model (prefill
     25 ms + 0.13 ms/token, decode 29 ms + 0.21 ms/sequence) with KV for every slot's full
     context. TUF `batch`: full utility within 300 s."""
-    from timelyllm_ros.core.seeds.hybrid import GSM8K_MAX_OUTPUT, gsm8k_like  # imports SciPy
+    from timelyllm_ros.papers.hybrid.gsm8k import GSM8K_MAX_OUTPUT, gsm8k_like  # imports SciPy
     w = gsm8k_like(n=n, seed=seed)
     b = _Builder()
     b.add(0.0, [("chat", "batch", "gsm8k", _instruction(int(w.prompt_tokens[i]), i),

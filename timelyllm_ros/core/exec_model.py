@@ -17,7 +17,7 @@ from typing import Any, Iterable, Mapping, Protocol, Sequence
 import numpy as np
 import yaml
 
-from .tuf import default_config_dir
+from timelyllm_ros.core.tuf import default_config_dir
 
 
 class ExecModelConfigError(ValueError):

@@ -244,7 +244,7 @@ def qos_from_rclpy(profile: Any):
 
 
 def default_qos(msgtype: str):
-    """QoS of our topics (mirrors timelyllm_ros.nodes.topics, which needs rclpy)."""
+    """QoS of our topics (mirrors timelyllm_ros.ros.topics, which needs rclpy)."""
     if msgtype == STATUS_TYPE:
         return make_qos(transient_local=True, depth=200)
     if msgtype == METRICS_TYPE:

@@ -154,6 +154,26 @@ def table_from_bag(path: str | os.PathLike, *, salvage: bool = False) -> tuple[T
     return build_rows(relevant), contents
 
 
+@dataclass
+class LoadedTable:
+    """Timing rows read from a table (CSV), or built from a bag (then with the build's counts
+    and the bag's contents, e.g. what a salvage read)."""
+
+    rows: list[TimingRow]
+    build: TableBuild | None = None
+    contents: bagmod.BagContents | None = None
+
+
+def load_table(source: str | os.PathLike, *, salvage: bool = False) -> LoadedTable:
+    """The rows of a timing table: a `.csv` as it is, anything else read as a bag and built
+    (TableError / BagError name the file)."""
+    path = Path(source)
+    if path.suffix.lower() == ".csv":
+        return LoadedTable(read_csv(path))
+    build, contents = table_from_bag(path, salvage=salvage)
+    return LoadedTable(build.rows, build, contents)
+
+
 def default_table_path(bag_path: str | os.PathLike) -> Path:
     """skill_timings.csv beside the bag (inside the rosbag2 directory)."""
     resolved = bagmod.resolve_bag(bag_path)

@@ -7,7 +7,7 @@ real vLLM engine (wall-clock time) and on the calibrated simulated engine (virtu
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,14 @@ class EngineRequest:
     # and the simulated engine with BROS's bidirectional KV blocks places the two classes at
     # opposite ends of shared blocks; an FCFS engine ignores it.
     service_class: str | None = None
+
+
+# What an engine does with a suspended generation's KV cache while its robot executes a segment
+# (LAMPS, seed 004). One definition for the engines, the scheduler and every policy.
+PRESERVE = "preserve"   # keep the blocks allocated (pinned) until the generation resumes
+DISCARD = "discard"     # free them (evictable prefix cache); recompute what is evicted on resume
+SWAP = "swap"           # copy them to host memory and back on resume
+PAUSE_HANDLINGS = (PRESERVE, DISCARD, SWAP)
 
 
 # vLLM's `scheduling_policy`: "fcfs" serves waiting requests in arrival order and preempts the
@@ -70,10 +78,61 @@ class StepTiming:
     extra: dict = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class EngineCapabilities:
+    """What an engine can do beyond the common protocol, declared instead of probed.
+
+    pause_handling: `suspend_request` / `resume_request` keep a suspended generation's KV
+        (preserve) or a host copy (swap); without it the scheduler only discards (abort, then
+        resubmit the token ids and let the prefix cache serve what it still holds).
+    profile: the cost model the engine runs on (simulated engines), else None.
+    """
+
+    pause_handling: bool = False
+    max_num_seqs: int | None = None
+    profile: Any = None
+    kv_bytes_per_token: float = 131072.0
+    host_link_bytes_per_s: float = 25e9
+
+
+@dataclass(frozen=True)
+class EngineNeeds:
+    """What a policy needs from the engine it runs on; `core.engine.factory` builds from it.
+
+    scheduling_policy: vLLM's `scheduling_policy` ("fcfs" or "priority").
+    simulated_engine: the simulated engine class (called as `cls(profile, **engine_kwargs)`) this
+        policy must be evaluated on, e.g. a paper's engine variant; None = `SimulatedEngine`.
+    only_engine: the only engine `name` it can run on (a baseline that exists only in
+        simulation); None = any engine.
+    """
+
+    scheduling_policy: str = "fcfs"
+    simulated_engine: Callable[..., Any] | None = None
+    only_engine: str | None = None
+
+
 class EngineAdapter(Protocol):
     """Everything the scheduler needs from an engine. One thread owns an adapter."""
 
     name: str
+
+    def capabilities(self) -> EngineCapabilities: ...
+
+    def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """Token ids of a chat prompt (the model's chat template where it has one)."""
+
+    def suspend_request(self, request_id: str, handling: str) -> None:
+        """Pause a running request at a segment boundary, keeping its KV as `handling` says
+        (only with `capabilities().pause_handling`)."""
+
+    def resume_request(self, request_id: str, request: EngineRequest) -> None:
+        """Continue a paused request as `request` (only with `capabilities().pause_handling`)."""
+
+    def paused_handling(self, request_id: str) -> str | None:
+        """How a paused request's KV is held now (a preserve can be revoked), None if not paused."""
+
+    def pinned_blocks(self) -> int:
+        """KV blocks held by preserved pauses (0 for an engine without pause handling)."""
 
     def now(self) -> float:
         """The engine's clock in seconds: monotonic wall time, or virtual time when simulated."""
@@ -83,6 +142,9 @@ class EngineAdapter(Protocol):
     def decode(self, token_ids: Sequence[int]) -> str: ...
 
     def max_model_len(self) -> int: ...
+
+    def max_num_batched_tokens(self) -> int:
+        """Tokens one engine step may process (vLLM V1's token budget)."""
 
     def add_request(self, request: EngineRequest) -> None: ...
 
@@ -104,3 +166,33 @@ class EngineAdapter(Protocol):
         """Nothing to run: let time pass until `until` (sleeps, or jumps virtual time)."""
 
     def shutdown(self) -> None: ...
+
+
+class PauselessEngine:
+    """The optional part of `EngineAdapter` for an engine that cannot pause a request (the
+    scheduler then suspends by abort + resubmit) and has no chat template of its own."""
+
+    name = "engine"
+
+    def capabilities(self) -> EngineCapabilities:
+        return EngineCapabilities()
+
+    def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        return self.tokenize("\n".join(m["content"] for m in messages) + "\n")
+
+    def suspend_request(self, request_id: str, handling: str) -> None:
+        raise NotImplementedError(f"engine {self.name!r} cannot pause a request "
+                                  "(capabilities().pause_handling is False)")
+
+    def resume_request(self, request_id: str, request: EngineRequest) -> None:
+        raise NotImplementedError(f"engine {self.name!r} cannot pause a request "
+                                  "(capabilities().pause_handling is False)")
+
+    def paused_handling(self, request_id: str) -> str | None:
+        return None
+
+    def pinned_blocks(self) -> int:
+        return 0
+
+    def tokenize(self, text: str) -> list[int]:
+        raise NotImplementedError

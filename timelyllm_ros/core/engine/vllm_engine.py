@@ -17,7 +17,9 @@ import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Sequence
 
-from timelyllm_ros.core.engine.base import (ENGINE_SCHEDULING, EngineOutput, EngineRequest, KvUsage,
+from timelyllm_ros.core.engine.cost_model import EngineProfile
+from timelyllm_ros.core.engine.base import (ENGINE_SCHEDULING, EngineCapabilities, EngineOutput,
+                                            EngineRequest, KvUsage, PauselessEngine,
                                             StepTiming, engine_priority)
 
 
@@ -50,6 +52,9 @@ class VllmEngineConfig:
     # vLLM's scheduling_policy: "fcfs", or "priority" to serve best-effort requests (service
     # class "be") after the rest and preempt them first (BROS's order, from outside vLLM).
     scheduling_policy: str = "fcfs"
+    # Profiling (`timelyllm profile`): a random prompt must not end a sample early by sampling
+    # the end-of-sequence token.
+    ignore_eos: bool = False
     extra_engine_args: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -66,12 +71,12 @@ class VllmEngineConfig:
         return cls(**values)
 
 
-class VllmEngine:
+class VllmEngine(PauselessEngine):
     """EngineAdapter over vLLM's LLMEngine (in-process engine core, so KV usage is observable)."""
 
     name = "vllm"
 
-    def __init__(self, config: VllmEngineConfig):
+    def __init__(self, config: VllmEngineConfig, profile: EngineProfile | None = None):
         if not config.model:
             raise ValueError("engine.model: a local model directory is required")
         # The in-process engine core lets the scheduler read free KV blocks every step and keeps
@@ -97,8 +102,13 @@ class VllmEngine:
         self._running: set[str] = set()
         self._last_timing = StepTiming()
         # Measured cost model of this engine (`timelyllm profile`), for policies that predict
-        # step times (BROS, the hybrid gate, LAMPS); set by the owner when one is known.
-        self.profile = None
+        # step times (BROS, the hybrid gate, LAMPS); None when none is known.
+        self.profile = profile
+
+    def capabilities(self) -> EngineCapabilities:
+        # Pausing a request at a client-chosen token is not in LLMEngine's API: every suspension
+        # is an abort, and the resume is served by the prefix cache.
+        return EngineCapabilities(max_num_seqs=self.config.max_num_seqs, profile=self.profile)
 
     def _find_block_pool(self):
         # Reached through the in-process client; with a multiprocess engine core it is not visible
@@ -142,6 +152,7 @@ class VllmEngine:
             max_tokens=request.max_tokens, temperature=self.config.temperature, seed=self.config.seed,
             repetition_penalty=self.config.repetition_penalty,
             output_kind=RequestOutputKind.DELTA, structured_outputs=structured,
+            ignore_eos=self.config.ignore_eos,
         )
         self._engine.add_request(
             request.request_id, TokensPrompt(prompt_token_ids=list(request.prompt_token_ids)),

@@ -30,7 +30,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from .queue_view import QueueView
+from timelyllm_ros.core.sched.queue_view import QueueView
 
 # ScalingFn(u, s, g, out, params) -> out. u holds U(w), s the slack; both are scratch arrays the
 # function may overwrite. It must return PUD scaled, i.e. based on u / g.

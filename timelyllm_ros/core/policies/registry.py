@@ -1,56 +1,106 @@
-"""Policies by name, as used in configs, the CLI and benchmark sweeps."""
+"""Policies by name, as used in configs, the CLI and benchmark sweeps.
+
+The core's own policies are defined here. Every other policy (the seed papers', or a user's own
+package) is a plug-in: an entry point in the group `timelyllm_ros.policies` whose name is the
+policy name and whose object is a `PolicyDefinition` (or any `factory(**params) -> Policy`).
+Listing names reads package metadata only; a plug-in's module is imported the first time its
+policy is asked for, so `core` never imports the papers and `get_policy("timelyllm")` loads none
+of them.
+
+    # setup.py of a package that adds a policy
+    entry_points={"timelyllm_ros.policies": ["my-policy = my_pkg.policy:MY_POLICY"]}
+    # my_pkg/policy.py
+    MY_POLICY = PolicyDefinition(MyPolicy, name="my-policy")
+"""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any, Callable, Mapping
 
-from .base import EdfPolicy, FcfsPolicy, Policy, TimelyPolicy
-from .priority import slack_scaling_names
+from timelyllm_ros.core.policies.builtin import EdfPolicy, FcfsPolicy, TimelyPolicy
+from timelyllm_ros.core.sched.interface import Policy
+from timelyllm_ros.core.policies.priority import slack_scaling_names
 
-_FACTORIES: dict[str, Callable[..., Policy]] = {}
+ENTRY_POINT_GROUP = "timelyllm_ros.policies"
+
+PolicyFactory = Callable[..., Policy]
 
 
-def register_policy(name: str, factory: Callable[..., Policy]) -> None:
-    """Register `factory(**params) -> Policy` under `name` (e.g. policies from other papers)."""
-    if name in _FACTORIES:
+@dataclass(frozen=True)
+class PolicyDefinition:
+    """A named policy: the class that implements it and the constructor arguments that define it.
+    The defining arguments (name, dispatch mode, scaling, ...) cannot be overridden by the
+    params a caller passes; tuning knobs such as gen_time_s can."""
+
+    cls: type[Policy]
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+
+    def __init__(self, cls: type[Policy], **fixed: Any) -> None:
+        object.__setattr__(self, "cls", cls)
+        object.__setattr__(self, "fixed", dict(fixed))
+
+    def __call__(self, **params: Any) -> Policy:
+        clash = set(params) & set(self.fixed)
+        if clash:
+            raise TypeError(f"policy {self.fixed.get('name')!r}: {sorted(clash)} cannot be "
+                            "overridden")
+        return self.cls(**self.fixed, **params)
+
+
+_BUILTIN: dict[str, PolicyFactory] = {}
+_REGISTERED: dict[str, PolicyFactory] = {}
+
+
+def register_policy(name: str, factory: PolicyFactory) -> None:
+    """Register `factory(**params) -> Policy` under `name` at run time (tests, notebooks).
+    Packages should declare an entry point instead (see the module docstring)."""
+    if name in policy_names():
         raise ValueError(f"policy {name!r} is already registered")
-    _FACTORIES[name] = factory
+    _REGISTERED[name] = factory
+
+
+@lru_cache(maxsize=1)
+def _plugins() -> dict[str, EntryPoint]:
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+@lru_cache(maxsize=None)
+def _load_plugin(name: str) -> PolicyFactory:
+    ep = _plugins()[name]
+    factory = ep.load()
+    if not callable(factory):
+        raise TypeError(f"policy {name!r}: entry point {ep.value} is not a policy factory")
+    return factory
 
 
 def policy_names() -> list[str]:
-    return sorted(_FACTORIES)
+    return sorted({*_BUILTIN, *_REGISTERED, *_plugins()})
 
 
 def get_policy(name: str, **params: Any) -> Policy:
     """A fresh policy instance; `params` are passed to its constructor (TypeError if unknown)."""
-    try:
-        factory = _FACTORIES[name]
-    except KeyError:
-        raise KeyError(f"unknown policy {name!r}; known policies: {', '.join(policy_names())}") from None
+    factory = _BUILTIN.get(name) or _REGISTERED.get(name)
+    if factory is None:
+        if name not in _plugins():
+            hint = "" if _plugins() else (" (no plug-in policies are installed: run `make setup`, "
+                                          "which installs this package and its entry points)")
+            raise KeyError(f"unknown policy {name!r}; known policies: "
+                           f"{', '.join(policy_names())}{hint}")
+        factory = _load_plugin(name)
     return factory(**params)
 
 
-def _fixed(cls, **fixed: Any) -> Callable[..., Policy]:
-    # The identity of a named policy (name, dispatch mode, scaling) cannot be overridden by
-    # params; tuning knobs such as gen_time_s can.
-    def make(**params: Any) -> Policy:
-        clash = set(params) & set(fixed)
-        if clash:
-            raise TypeError(f"policy {fixed.get('name')!r}: {sorted(clash)} cannot be overridden")
-        return cls(**fixed, **params)
-    return make
+def _builtin(name: str, cls: type[Policy], **fixed: Any) -> None:
+    _BUILTIN[name] = PolicyDefinition(cls, name=name, **fixed)
 
 
-register_policy("vllm", _fixed(FcfsPolicy, name="vllm", dispatch="whole"))
-register_policy("vllm-stream", _fixed(FcfsPolicy, name="vllm-stream", dispatch="stream"))
-register_policy("fcfs-seg", _fixed(FcfsPolicy, name="fcfs-seg", dispatch="segment"))
-register_policy("edf-seg", _fixed(EdfPolicy, name="edf-seg", dispatch="segment"))
-register_policy("timelyllm", _fixed(TimelyPolicy, name="timelyllm", slack_scaling="max_slack_g"))
+_builtin("vllm", FcfsPolicy, dispatch="whole")
+_builtin("vllm-stream", FcfsPolicy, dispatch="stream")
+_builtin("fcfs-seg", FcfsPolicy, dispatch="segment")
+_builtin("edf-seg", EdfPolicy, dispatch="segment")
+_builtin("timelyllm", TimelyPolicy, slack_scaling="max_slack_g")
 for _scaling in slack_scaling_names():
-    register_policy(f"timelyllm-{_scaling}",
-                    _fixed(TimelyPolicy, name=f"timelyllm-{_scaling}", slack_scaling=_scaling))
-
-# The seed papers' policies (001-004) and their combinations with TimelyLLM (docs/policies.md).
-from .seed_policies import register_seed_policies  # noqa: E402 - needs register_policy above
-
-register_seed_policies(register_policy, _fixed)
+    _builtin(f"timelyllm-{_scaling}", TimelyPolicy, slack_scaling=_scaling)

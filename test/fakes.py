@@ -1,0 +1,136 @@
+"""Shared fakes for scheduler tests: fake robots, a recording listener, and a driver loop
+that runs a `SegmentScheduler` on the simulated engine in virtual time."""
+
+from __future__ import annotations
+
+import heapq
+import math
+from pathlib import Path
+
+from timelyllm_ros.core.engine.sim.engine import SimulatedEngine
+from timelyllm_ros.core.exec_model import ExecutionTimeModel
+from timelyllm_ros.core.policies.registry import get_policy
+from timelyllm_ros.core.sched.scheduler import SchedulerConfig, SegmentScheduler
+from timelyllm_ros.core.skills.skillset import load_skillsets
+from timelyllm_ros.core.sched.interface import SegmentDispatch
+from timelyllm_ros.core.task import TaskSpec
+from timelyllm_ros.core.tuf import load_tuf_levels
+from timelyllm_ros.lrtrace.traces import load_traces
+
+REPO = Path(__file__).resolve().parents[1]
+SKILL_SETS = load_skillsets(REPO / "config" / "skillsets")
+LEVELS = load_tuf_levels(REPO / "config" / "tuf_levels.yaml")
+TRACES = load_traces(REPO / "lrtrace" / "traces.yaml")
+EXEC_MODEL_PATH = REPO / "config" / "exec_model.yaml"
+POLICIES = ["vllm", "vllm-stream", "edf-seg", "fcfs-seg", "timelyllm"]
+SEGMENTED = {"edf-seg", "fcfs-seg", "timelyllm"}
+LATENCY = 0.008
+
+
+class Listener:
+    def __init__(self):
+        self.segments: list[tuple[str, SegmentDispatch]] = []
+        self.new: list[tuple[str, SegmentDispatch]] = []
+        self.statuses = []
+        self.robots = Robots()
+
+    def on_segment(self, dispatch):
+        self.segments.append((dispatch.task_id, dispatch))
+        self.new.append((dispatch.task_id, dispatch))
+
+    def on_status(self, snapshot):
+        self.statuses.append(snapshot)
+
+    def texts(self, task_id):
+        return [s.text for t, s in self.segments if t == task_id]
+
+
+class Robots:
+    """Fake robots: execute segments in order, one robot at a time, and report.
+
+    `behaviour(task_id, segment)` returns the execution time in seconds, or None to never
+    report, or ("fail", message) to report failure.
+    """
+
+    def __init__(self, behaviour=None):
+        self.behaviour = behaviour or (lambda tid, seg: seg.estimated_execution_s)
+        self.free_at: dict[str, float] = {}
+        self.events: list = []
+
+    def take(self, sch, listener):
+        while listener.new:
+            tid, seg = listener.new.pop(0)
+            action = self.behaviour(tid, seg)
+            if action is None:
+                continue
+            robot = sch.tasks[tid].spec.robot_id
+            start = max(seg.dispatched_s + LATENCY, self.free_at.get(robot, -math.inf))
+            if isinstance(action, tuple):
+                heapq.heappush(self.events, (start + 0.01, tid, seg.sequence, start, False,
+                                             action[1]))
+                continue
+            finish = start + action
+            self.free_at[robot] = finish
+            heapq.heappush(self.events, (finish, tid, seg.sequence, start, True, ""))
+
+
+def make(policy="timelyllm", engine=None, exec_model=None, **config):
+    engine = engine or SimulatedEngine()
+    listener = Listener()
+    cfg = SchedulerConfig(network_latency_s=LATENCY, **config)
+    sch = SegmentScheduler(engine, get_policy(policy), SKILL_SETS,
+                           exec_model or ExecutionTimeModel.from_yaml(EXEC_MODEL_PATH),
+                           listener, cfg)
+    sch.warm_prefix_cache()
+    return sch, engine, listener
+
+
+def spec(task_id, trace_id, engine, robot=None, level=None, **kw):
+    t = TRACES[trace_id]
+    level = level or t.tuf_level
+    return TaskSpec(task_id, robot or f"robot_{task_id}", t.skill_set, t.instruction,
+                    LEVELS.get(level), engine.now(), level, scripted_plan=t.plan, **kw)
+
+
+def drive(sch, eng, lis, robots=None, until=None, max_iter=200_000):
+    """Run until every task is terminal (or `until(sch)` is true); returns the robots."""
+    # The listener keeps one set of robots across calls, so a run can be driven in phases.
+    if robots is not None:
+        lis.robots = robots
+    robots = lis.robots
+    for _ in range(max_iter):
+        robots.take(sch, lis)
+        if not sch.active_tasks() or (until is not None and until(sch)):
+            return robots
+        worked = sch.tick()
+        robots.take(sch, lis)
+        if not sch.active_tasks():
+            continue
+        events = robots.events
+        due = bool(events) and events[0][0] <= eng.now()
+        if worked and not due:
+            continue
+        # Idle (or a report is due): like the planner, wake at the next report or timer.
+        timer = sch.next_timer_s()
+        if not due and timer is not None and (not events or timer < events[0][0]):
+            eng.advance_idle(max(timer, eng.now()) + 1e-6)
+            continue
+        assert events, "scheduler idle with active tasks and nothing to wait for"
+        t, tid, seq, start, ok, msg = heapq.heappop(events)
+        eng.advance_idle(t)
+        sch.on_report(tid, seq, start, t, ok, msg)
+    raise AssertionError("did not finish")
+
+
+def assert_no_leaks(sch, eng):
+    assert sch.queue_length() == 0
+    assert sch.running_request_ids() == []
+    assert not sch.has_work()
+    assert sch.active_tasks() == []
+    assert not eng.has_unfinished_requests()
+    kv = eng.kv_usage()
+    assert kv.free_blocks == kv.total_blocks
+
+
+def states(task):
+    return [s for s, _ in task.lifecycle.history]

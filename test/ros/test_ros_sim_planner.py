@@ -1,0 +1,71 @@
+"""The planner node over ROS with the wall-clock-paced cost-model engine (engine.kind=sim).
+
+The same node, scheduler and executors as with vLLM; the engine "generates" each LRTrace trace's
+plan, so the exact segments are known in advance.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("rclpy")
+
+from timelyllm_ros.experiments.demo import isolate_ros_network  # noqa: E402
+from timelyllm_ros.ros.launch_description import NodeSpec  # noqa: E402
+from timelyllm_ros.lrtrace.traces import load_traces  # noqa: E402
+from timelyllm_ros.ros_env import REPO_ROOT  # noqa: E402
+
+pytestmark = [pytest.mark.ros, pytest.mark.timeout(300)]
+
+
+def test_sim_engine_planner_serves_trace_plans_over_ros(tmp_path, monkeypatch):
+    monkeypatch.setenv("ROS_DOMAIN_ID", "131")
+    isolate_ros_network()
+    from timelyllm_ros.ros.client import PlannerClient
+    from timelyllm_ros.ros.launch_runner import NodeGroup
+
+    traces = load_traces()
+    specs = [
+        NodeSpec(name="planner", module="timelyllm_ros.ros.planner_node", executable="planner_node",
+                 parameters_file=REPO_ROOT / "config" / "planner.yaml",
+                 parameters={"engine.kind": "sim", "robots": ["drone_1:drone", "arm_1:arm"]}),
+        NodeSpec(name="executor", namespace="drone_1", module="timelyllm_ros.ros.executor_node",
+                 executable="drone_executor_node", parameters={"robot_id": "drone_1", "time_scale": 0.02}),
+        NodeSpec(name="executor", namespace="arm_1", module="timelyllm_ros.ros.executor_node",
+                 executable="drone_executor_node", parameters={"robot_id": "arm_1", "time_scale": 0.02}),
+    ]
+    with NodeGroup(specs, log_dir=tmp_path, echo=False) as group:
+        client = PlannerClient(robots=["drone_1", "arm_1"], node_name="sim_client")
+        try:
+            assert client.wait_for_planner(120, alive=lambda: "planner" not in group.exited()), \
+                (tmp_path / "planner.log").read_text()[-2000:]
+            client.submit("urgent-6", "drone_1", traces[6].instruction, urgency="urgent")
+            client.submit("arm-9", "arm_1", traces[9].instruction, skill_set="arm")
+            final = client.wait_terminal(["urgent-6", "arm-9"], 120)
+            for task_id, trace_id in (("urgent-6", 6), ("arm-9", 9)):
+                assert final[task_id] is not None and final[task_id].state == "done", final[task_id]
+                texts = [s.text for s in client.seen.segments[task_id]]
+                assert "".join(texts) == traces[trace_id].plan
+                assert len(texts) >= 2
+            assert final["urgent-6"].cached_tokens_total > 0
+            # The planner's log is its own: no line per lifecycle transition from `transitions`.
+            log = (tmp_path / "planner.log").read_text()
+            assert "resumed with" in log and "transitions.core" not in log
+        finally:
+            client.close()
+
+
+def test_planner_refuses_an_unknown_engine_scheduling_policy(monkeypatch):
+    monkeypatch.setenv("ROS_DOMAIN_ID", "132")
+    isolate_ros_network()
+    import rclpy
+
+    from timelyllm_ros.ros.planner_node import PlannerNode
+
+    rclpy.init(args=["--ros-args", "-p", "engine.kind:=sim", "-p", "robots:=['drone_1:drone']",
+                     "-p", "engine.scheduling_policy:=lifo"])
+    try:
+        with pytest.raises(ValueError, match="parameter engine.scheduling_policy: 'lifo'"):
+            PlannerNode()
+    finally:
+        rclpy.shutdown()

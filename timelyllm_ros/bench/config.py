@@ -1,0 +1,140 @@
+"""How a replay runs: the engine, the seeds and the levers a run may tune (`BenchConfig`), with
+the paper's configuration as the defaults (docs/bench.md, "Tuning" and "The paper's
+configuration")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from timelyllm_ros.core.engine.cost_model import EngineProfile
+from timelyllm_ros.core.sched.interface import Policy
+from timelyllm_ros.core.tuf import default_config_dir
+
+ENGINES = ("sim", "vllm")
+# queue: a busy robot serves its tasks in arrival order; parallel: every task has its own robot.
+ROBOT_MODES = ("queue", "parallel")
+
+# Defaults:
+# - suspended generations are resumed as soon as admission allows (a resume lead only delays them,
+#   see docs/bench.md);
+# - TimelyLLM's g is the paper's profiled 90 ms (the policy's default);
+# - every policy runs with its own admission: latency-guided (§4.4) for timelyllm*, KV blocks only
+#   for the others; `segmented_batch_cap=N` caps the segmented policies instead;
+# - prompts are padded to the paper's 2884 tokens (simulated engine) and the vllm / vllm-stream
+#   baselines run without automatic prefix caching, as vLLM did by default in 2024.
+DEFAULT_RESUME_LEAD_S: float | None = None
+DEFAULT_GEN_TIME_S: float | None = None  # None = the policy's own default (0.09 s)
+DEFAULT_SEGMENTED_BATCH_CAP: int | None = None
+# Prompt length of the paper's latency profile (Table 1: first token 328 ms for 2884 tokens).
+PAPER_PROMPT_TOKENS = 2884
+DEFAULT_PROMPT_TOKENS: int | None = PAPER_PROMPT_TOKENS
+DEFAULT_BASELINE_PREFIX_CACHE = False
+
+
+def default_profile_path() -> Path:
+    return default_config_dir() / "engine_profiles" / "llama3-8b-rtx4090.yaml"
+
+
+@dataclass
+class BenchConfig:
+    """How to replay: engine, seeds, and the levers a run may tune."""
+
+    engine: str = "sim"
+    # Simulated engine: an EngineProfile, a YAML path, or None for the default profile.
+    profile: EngineProfile | str | Path | None = None
+    # Real engine: local model directory, plus extra VllmEngineConfig fields.
+    model: str | None = None
+    vllm_config: Mapping[str, Any] = field(default_factory=dict)
+    # Seed of robot execution durations (None = the workload's seed).
+    seed: int | None = None
+    # Fixed cap on running generations for every policy (the batch-cap sweep); None = see below.
+    batch_cap: int | None = None
+    # Without batch_cap: the cap for policies that suspend generations (dispatch "segment");
+    # None = the policy's own admission. Whole / stream policies (vllm, vllm-stream) are never
+    # capped unless batch_cap is set: plain vLLM admits whatever fits in the KV cache.
+    segmented_batch_cap: int | None = DEFAULT_SEGMENTED_BATCH_CAP
+    # False (default, the paper's configuration): the whole / stream baselines run without
+    # automatic prefix caching, as vLLM V0 ran by default (enable_prefix_caching=False) when the
+    # paper was written; every prompt is then prefilled in full. Segmented policies always keep
+    # the cache (resuming a generation depends on it). Simulated engine: `NoPrefixCacheEngine`;
+    # real engine: `VllmEngineConfig.enable_prefix_caching=False`.
+    baseline_prefix_cache: bool = DEFAULT_BASELINE_PREFIX_CACHE
+    # Simulated engine: pad every skill set's prompt with a fixed preamble so that the shortest
+    # prompt of the workload has this many tokens (default: the paper's 2884); None = the skill
+    # sets' own prompts (~420 tokens for drones). Ignored by the real engine (its model and
+    # context are whatever --model is); see `effective_prompt_tokens`.
+    prompt_tokens: int | None = DEFAULT_PROMPT_TOKENS
+    resume_lead_s: float | None = DEFAULT_RESUME_LEAD_S
+    # Override of TimelyLLM's g (applied to every policy derived from TimelyPolicy).
+    gen_time_s: float | None = DEFAULT_GEN_TIME_S
+    # Extra constructor parameters per policy name, e.g. {"timelyllm-exp_decay": {...}}.
+    policy_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    robots: str = "queue"
+    # None = the workload's one-way latency.
+    network_latency_s: float | None = None
+    # Simulated robots never die. A segment queued on a busy robot behind another task's
+    # segments is not reported for a while, and the scheduler is not told why, so the timeout
+    # is large enough that it is never declared lost (bench/replay.py, "Busy robots").
+    report_timeout_min_s: float = 3600.0
+    skillsets_dir: str | Path | None = None
+    exec_model_path: str | Path | None = None
+    tuf_levels_path: str | Path | None = None
+    # Abort a run whose clock passes the last arrival by this much (a stuck replay).
+    max_overrun_s: float = 3600.0
+    # Simulated engine: most running requests (vLLM's max_num_seqs); None = the engine default.
+    max_num_seqs: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine: must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.robots not in ROBOT_MODES:
+            raise ValueError(f"robots: must be one of {', '.join(ROBOT_MODES)}, got {self.robots!r}")
+        optional_counts = (("batch_cap", self.batch_cap),
+                           ("segmented_batch_cap", self.segmented_batch_cap),
+                           ("prompt_tokens", self.prompt_tokens),
+                           ("max_num_seqs", self.max_num_seqs))
+        for key, value in optional_counts:
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise ValueError(f"{key}: must be an integer >= 1 or None, got {value!r}")
+        if self.resume_lead_s is not None and not self.resume_lead_s >= 0:
+            raise ValueError(f"resume_lead_s: must be >= 0, got {self.resume_lead_s}")
+
+    @property
+    def effective_prompt_tokens(self) -> int | None:
+        """The prompt length the replay pads to (None: unpadded; always None on the real engine)."""
+        return self.prompt_tokens if self.engine == "sim" else None
+
+    def load_profile(self) -> EngineProfile:
+        if isinstance(self.profile, EngineProfile):
+            return self.profile
+        return EngineProfile.from_yaml(self.profile if self.profile is not None
+                                       else default_profile_path())
+
+    def cap_for(self, policy: Policy) -> int | None:
+        """The fixed batch cap a policy runs with (None = its own admission)."""
+        if self.batch_cap is not None:
+            return self.batch_cap
+        return self.segmented_batch_cap if policy.dispatch == "segment" else None
+
+    def describe(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "engine": self.engine, "batch_cap": self.batch_cap,
+            "segmented_batch_cap": self.segmented_batch_cap,
+            "baseline_prefix_cache": self.baseline_prefix_cache,
+            "prompt_tokens": self.effective_prompt_tokens,
+            "resume_lead_s": self.resume_lead_s, "gen_time_s": self.gen_time_s,
+            "robots": self.robots, "report_timeout_min_s": self.report_timeout_min_s,
+        }
+        if self.engine == "sim":
+            profile = self.load_profile()
+            out["profile"] = profile.name
+            out["kv_blocks"] = profile.kv_total_blocks
+            out["max_num_batched_tokens"] = profile.max_num_batched_tokens
+        else:
+            out["model"] = self.model
+        if self.policy_params:
+            out["policy_params"] = {k: dict(v) for k, v in self.policy_params.items()}
+        return out

@@ -1,0 +1,364 @@
+"""Discrete-event replay of a composed workload against one scheduling policy.
+
+The replay drives the very `SegmentScheduler` the ROS planner node runs, with:
+
+- an engine (bench/engines.py): the calibrated `SimulatedEngine` (virtual clock; plans are the
+  traces' scripted plans) or the real vLLM engine (wall clock; plans are generated, the loop
+  sleeps until events);
+- simulated robots (bench/simulated_robots.py): each robot executes the segments dispatched to
+  it in order, one at a time, with durations drawn from the execution-time model, and reports
+  each finished segment back. One-way network latency (the workload's, 8 ms in the paper) is
+  added on the way to the robot and on the way back.
+
+Loop: handle every event due at `engine.now()` (task arrivals -> `submit`, robot reports arriving
+at the planner -> `on_report`), then `tick()` the scheduler (one engine step). When nothing can run,
+jump (or, on the real engine, sleep) to the next event or scheduler timer. The run stops when
+every task is terminal.
+
+Determinism: event lists come from `compose` (seeded); robot durations are drawn per (seed, task
+number, call index), so every policy sees exactly the same robot execution times. The simulated
+engine is deterministic too, so the same seed gives the same results.
+
+Busy robots: `compose` draws robots per event without tracking whether a robot is still busy with
+a task from an earlier event. By default (`robots="queue"`) a robot serves its tasks in arrival
+order, like a real robot that does not interleave two plans. The time a segment spends waiting
+for *another* task is not the LLM's doing, so it is recorded per task (`robot_blocked_s`) and
+subtracted from the reported waiting time; response time and utility (the LLM's first response)
+are unaffected by it. `robots="parallel"` gives every task its own executor instead (no blocking).
+The scheduler is not told about such blocking, so the bench raises the scheduler's report
+timeout (`report_timeout_min_s`) so that a segment queued behind another task is not declared lost.
+
+The paper's configuration (defaults in bench/config.py, see docs/bench.md): prompts of 2884
+tokens (the paper's latency profile, bench/prompts.py), the `vllm` / `vllm-stream` baselines
+without automatic prefix caching (vLLM V0's default in 2024), TimelyLLM's segmented policies with
+it (their resumption design), and every policy's own admission (latency-guided for `timelyllm*`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from timelyllm_ros.bench.config import BenchConfig
+from timelyllm_ros.bench.engines import EnginePool, build_engine
+from timelyllm_ros.bench.policies import make_policy
+from timelyllm_ros.bench.prompts import pad_skill_sets
+from timelyllm_ros.bench.results import NAN, RunResult, SegmentResult, TaskResult, task_type
+from timelyllm_ros.bench.simulated_robots import SimulatedRobots
+from timelyllm_ros.core.engine.base import EngineAdapter
+from timelyllm_ros.core.exec_model import ExecutionTimeModel
+from timelyllm_ros.core.sched.interface import SegmentDispatch, TaskRejected
+from timelyllm_ros.core.sched.scheduler import SchedulerConfig, SegmentScheduler
+from timelyllm_ros.core.skills.skillset import SkillSet, load_skillsets
+from timelyllm_ros.core.task import TaskRecord, TaskSnapshot, TaskSpec
+from timelyllm_ros.core.tuf import TufLevels, default_config_dir, load_tuf_levels
+from timelyllm_ros.lrtrace.traces import Trace, load_traces
+from timelyllm_ros.lrtrace.workload import Event, Workload
+
+# progress(tasks ended, tasks in all, seconds on the engine's clock since the start)
+ProgressFn = Callable[[int, int, float], None]
+
+
+class _Listener:
+    """The scheduler's listener: segments go to the robots; a task that ends without finishing
+    frees its robot; every first terminal status is passed on."""
+
+    def __init__(self, robots: SimulatedRobots, on_terminal: Callable[[TaskSnapshot], None]):
+        self.robots = robots
+        self.on_terminal = on_terminal
+        self.terminal: set[str] = set()
+
+    def on_segment(self, dispatch: SegmentDispatch) -> None:
+        self.robots.dispatch(dispatch)
+
+    def on_status(self, snapshot: TaskSnapshot) -> None:
+        if snapshot.is_terminal and snapshot.task_id not in self.terminal:
+            self.terminal.add(snapshot.task_id)
+            if snapshot.state != "done":
+                self.robots.drop(snapshot.task_id)
+            self.on_terminal(snapshot)
+
+
+class _ClosedLoop:
+    """Which events wait for another event's tasks to end (`Event.after_event`)."""
+
+    def __init__(self, events: Sequence[Event]):
+        self.open_events = [e for e in events if e.after_event is None]
+        self._waiting_on: dict[int, list[Event]] = {}
+        for e in events:
+            if e.after_event is not None:
+                self._waiting_on.setdefault(e.after_event, []).append(e)
+        known = {e.event_id for e in events}
+        missing = sorted(set(self._waiting_on) - known)
+        if missing:
+            raise ValueError(f"events: after_event {missing[0]} names no event")
+        self._left = {e.event_id: len(e.tasks) for e in events}
+        self._event_of: dict[str, int] = {}
+        self._ready: list[Event] = []
+
+    def submitted(self, task_id: str, event_id: int) -> None:
+        self._event_of[task_id] = event_id
+
+    def task_ended(self, task_id: str) -> None:
+        event_id = self._event_of.pop(task_id, None)
+        if event_id is None:
+            return
+        self._left[event_id] -= 1
+        if self._left[event_id] == 0:
+            self._ready.extend(self._waiting_on.pop(event_id, ()))
+
+    def has_ready(self) -> bool:
+        return bool(self._ready)
+
+    def take_ready(self) -> list[Event]:
+        ready, self._ready = self._ready, []
+        return ready
+
+    def drop(self, event: Event) -> int:
+        """Forget `event` and every event waiting on it; returns how many events that was."""
+        dropped = 1
+        for child in self._waiting_on.pop(event.event_id, ()):
+            dropped += self.drop(child)
+        return dropped
+
+
+def _replay_skill_sets(events: Sequence[Event], traces: Mapping[int, Trace], config: BenchConfig,
+                       skill_sets: Mapping[str, SkillSet] | None) -> dict[str, SkillSet]:
+    """The skill sets the planner of this replay serves, padded to the configured prompt length.
+    By default those of config/skillsets that the workload's traces use: a planner serving only
+    drones has only the drone set, and the scheduler sizes its admission check by the largest
+    max_segment_tokens of its sets."""
+    if skill_sets is None:
+        skill_sets = load_skillsets(config.skillsets_dir or default_config_dir() / "skillsets")
+        used = {traces[t.trace_id].skill_set for e in events for t in e.tasks}
+        skill_sets = {n: s for n, s in skill_sets.items() if n in used} or skill_sets
+    instructions: dict[str, set[str]] = {}
+    for event in events:
+        for t in event.tasks:
+            trace = traces[t.trace_id]
+            instructions.setdefault(trace.skill_set, set()).add(trace.instruction)
+    return pad_skill_sets(skill_sets, config.effective_prompt_tokens, instructions)
+
+
+def run_policy(events: Sequence[Event], policy_name: str, workload: Workload,
+               config: BenchConfig | None = None, *, traces: Mapping[int, Trace] | None = None,
+               tuf_levels: TufLevels | None = None,
+               skill_sets: Mapping[str, SkillSet] | None = None,
+               engine: EngineAdapter | EnginePool | None = None,
+               progress: ProgressFn | None = None,
+               exec_model_factory: Callable[[], ExecutionTimeModel] | None = None,
+               call_durations: Mapping[tuple[int, int], float] | None = None) -> RunResult:
+    """Replay `events` under `policy_name` and return every task's outcome.
+
+    `engine`: an engine to reuse, or an `EnginePool` (the real vLLM engine is expensive to
+    build); by default a fresh one is built from `config` (always pass none for the simulated
+    engine, whose clock and cache must start fresh for every policy).
+
+    `skill_sets`: default = those of config/skillsets that the workload's traces use, padded to
+    `config.effective_prompt_tokens`.
+
+    `exec_model_factory`: the scheduler's execution-time model (a fresh one per run, it learns
+    online; default: config.exec_model_path). `call_durations`: (task number, call index) ->
+    seconds the simulated robot takes for that call, instead of sampling the model.
+
+    Events with `after_event` are released that many seconds after every task of the event they
+    name has ended (closed loop); one that would be released after `workload.duration_s` is not
+    submitted, nor is anything waiting on it.
+    """
+    config = config or BenchConfig()
+    wall_start = time.perf_counter()
+    traces = traces if traces is not None else load_traces()
+    tuf_levels = tuf_levels if tuf_levels is not None else load_tuf_levels(config.tuf_levels_path)
+    skill_sets = _replay_skill_sets(events, traces, config, skill_sets)
+    exec_model = (exec_model_factory() if exec_model_factory is not None  # fresh: it learns online
+                  else ExecutionTimeModel.from_yaml(config.exec_model_path))
+    policy = make_policy(policy_name, config)
+    latency = workload.network_latency_s if config.network_latency_s is None \
+        else config.network_latency_s
+    seed = workload.seed if config.seed is None else config.seed
+    own_engine = engine is None
+    prefix_cache = config.baseline_prefix_cache or policy.dispatch == "segment"
+    if isinstance(engine, EnginePool):
+        engine = engine.get(prefix_cache, policy)
+    elif engine is None:
+        engine = build_engine(config, prefix_cache=prefix_cache, policy=policy)
+    simulated = config.engine == "sim"
+
+    # (due time, insertion order, "arrival" | "report", payload): the order breaks ties so that
+    # events due at the same time are handled as they were scheduled.
+    heap: list[tuple[float, int, str, Any]] = []
+    order = 0
+
+    def push(at: float, kind: str, payload: Any) -> None:
+        nonlocal order
+        heapq.heappush(heap, (at, order, kind, payload))
+        order += 1
+
+    total = sum(len(e.tasks) for e in events)
+    done_count = 0
+    t0 = 0.0
+
+    def on_terminal(_snap: TaskSnapshot) -> None:
+        nonlocal done_count
+        done_count += 1
+        if progress is not None:
+            progress(done_count, total, engine.now() - t0)
+
+    robots = SimulatedRobots(exec_model, seed, latency, config.robots,
+                             lambda at, tid, seq, st, fin: push(at, "report", (tid, seq, st, fin)),
+                             call_durations=call_durations)
+    loop = _ClosedLoop(events)
+    listener = _Listener(robots, lambda snap: (on_terminal(snap), loop.task_ended(snap.task_id)))
+    scheduler = SegmentScheduler(
+        engine, policy, dict(skill_sets), exec_model, listener,
+        SchedulerConfig(network_latency_s=latency, batch_cap=config.cap_for(policy),
+                        resume_lead_s=config.resume_lead_s,
+                        report_timeout_min_s=config.report_timeout_min_s))
+    scheduler.warm_prefix_cache()
+
+    t0 = engine.now()
+    meta: dict[str, tuple[Any, Trace, int]] = {}
+    for event in loop.open_events:
+        push(t0 + event.time_s, "arrival", event)
+    arrivals_left = len(events)
+    last_arrival = t0 + (max((e.time_s for e in loop.open_events), default=0.0))
+    horizon = t0 + workload.duration_s
+
+    def release_ready(now: float) -> None:
+        nonlocal arrivals_left, last_arrival
+        for event in loop.take_ready():
+            at = now + event.time_s
+            if at > horizon:
+                arrivals_left -= loop.drop(event)
+                continue
+            push(at, "arrival", event)
+            last_arrival = max(last_arrival, at)
+
+    try:
+        while True:
+            now = engine.now()
+            while heap and heap[0][0] <= now:
+                at, _, kind, payload = heapq.heappop(heap)
+                if kind == "arrival":
+                    arrivals_left -= 1
+                    for spec in payload.tasks:  # before submit: a rejection ends a task at once
+                        loop.submitted(_task_id(spec), payload.event_id)
+                    _submit_event(scheduler, robots, payload, at, traces, tuf_levels, simulated,
+                                  meta)
+                else:
+                    task_id, seq, started, finished = payload
+                    scheduler.on_report(task_id, seq, started, finished, True)
+            if arrivals_left == 0 and len(listener.terminal) >= len(scheduler.tasks):
+                break
+            if now > last_arrival + config.max_overrun_s:
+                stuck = [t.task_id for t in scheduler.active_tasks()][:5]
+                raise RuntimeError(f"{policy_name}: replay still running {config.max_overrun_s:.0f} s "
+                                   f"after the last arrival (active tasks e.g. {stuck})")
+            progressed = scheduler.tick()
+            if loop.has_ready():
+                release_ready(engine.now())
+                continue
+            if progressed:
+                continue
+            candidates = [heap[0][0]] if heap else []
+            timer = scheduler.next_timer_s()
+            if timer is not None:
+                candidates.append(timer)
+            if not candidates:
+                raise RuntimeError(f"{policy_name}: nothing runs, nothing is due, and tasks "
+                                   f"{[t.task_id for t in scheduler.active_tasks()][:5]} are "
+                                   "not finished")
+            target = min(candidates)
+            if target <= now:
+                # A timer already due that the scheduler could not act on (e.g. KV blocks);
+                # let a little time pass rather than spin.
+                target = now + 1e-3
+            engine.advance_idle(target)
+    finally:
+        if own_engine and not simulated:
+            engine.shutdown()
+
+    clock_s = engine.now() - t0
+    tasks = [_task_result(scheduler.tasks[tid], meta[tid], robots, t0) for tid in scheduler.tasks]
+    return RunResult(policy=policy_name, tasks=tasks,
+                     fetch_overhead_s=list(scheduler.fetch_overhead_s), steps=scheduler.steps,
+                     clock_s=clock_s, wall_s=time.perf_counter() - wall_start,
+                     config={**config.describe(), "seed": seed, "network_latency_s": latency,
+                             "policy_batch_cap": config.cap_for(policy),
+                             "engine_prefix_cache": prefix_cache,
+                             "prompt_tokens_min": min(
+                                 (len(t.prompt_ids) for t in scheduler.tasks.values()
+                                  if t.prompt_ids), default=0)})
+
+
+def _task_id(spec) -> str:
+    return f"t{spec.task_id:05d}"
+
+
+def _submit_event(scheduler: SegmentScheduler, robots: SimulatedRobots, event: Event, at: float,
+                  traces: Mapping[int, Trace], tuf_levels: TufLevels, simulated: bool,
+                  meta: dict) -> None:
+    for spec in event.tasks:
+        trace = traces[spec.trace_id]
+        task_id = _task_id(spec)
+        meta[task_id] = (spec, trace, event.event_id)
+        robots.add_task(task_id, spec.task_id, spec.robot_id)
+        try:
+            scheduler.submit(TaskSpec(
+                task_id=task_id, robot_id=spec.robot_id, skill_set=trace.skill_set,
+                instruction=trace.instruction, tuf=tuf_levels.get(spec.tuf_level), arrival_s=at,
+                urgency=spec.tuf_level, scripted_plan=trace.plan if simulated else None,
+                max_plan_tokens=trace.max_plan_tokens))
+        except TaskRejected:
+            pass  # recorded by the scheduler as a rejected task; the listener saw it
+
+
+def _spans(task: TaskRecord, t0: float, end: float) -> list[tuple[float, float]]:
+    spans = []
+    history = task.lifecycle.history
+    for i, (state, at) in enumerate(history):
+        if state == "generating":
+            stop = history[i + 1][1] if i + 1 < len(history) else end
+            spans.append((at - t0, stop - t0))
+    return spans
+
+
+def _task_result(task: TaskRecord, meta: tuple, robots: SimulatedRobots, t0: float) -> TaskResult:
+    spec, trace, event_id = meta
+    blocked = robots.blocked_s(task.task_id)
+    segments = [SegmentResult(s.sequence, s.text, s.is_last, s.dispatched_s - t0,
+                              (s.started_s - t0) if s.started_s is not None else NAN,
+                              (s.finished_s - t0) if s.finished_s is not None else NAN)
+                for s in task.segments]
+    done = task.state == "done"
+    execution = sum(s.finished_s - s.started_s for s in task.segments) if done else NAN
+    completion = (max(s.finished_s for s in task.segments) - t0) if done else NAN
+    sched_wait = task.waiting_time_s if done else NAN
+    end = task.lifecycle.history[-1][1]
+    latency = (max(s.dispatched_s for s in task.segments) - task.spec.arrival_s) if done else NAN
+    return TaskResult(
+        task_id=task.task_id, trace_id=trace.trace_id, category=trace.category,
+        tuf_level=spec.tuf_level, task_type=task_type(trace.category, spec.tuf_level),
+        robot_id=spec.robot_id, arrival_s=task.spec.arrival_s - t0, ert_s=task.spec.tuf.ert_s,
+        state=task.state, reason=task.lifecycle.reason or "",
+        response_time_s=task.response_time_s, utility=task.utility,
+        waiting_time_s=(sched_wait - blocked) if done else NAN, sched_waiting_time_s=sched_wait,
+        robot_blocked_s=blocked, execution_s=execution, completion_s=completion,
+        resumes=task.resumes, latency_s=latency,
+        generated_tokens=len(task.generated.token_ids), event_id=event_id, segments=segments,
+        generation_spans=_spans(task, t0, end))
+
+
+def run_policies(events: Sequence[Event], policies: Iterable[str], workload: Workload,
+                 config: BenchConfig, *, progress_factory: Callable[[str], ProgressFn] | None = None,
+                 engine: EngineAdapter | EnginePool | None = None,
+                 **kw: Any) -> dict[str, RunResult]:
+    """Run each policy on the same events (a fresh simulated engine each; a shared real one).
+    `progress_factory(policy name)` gives each run its progress callback."""
+    out = {}
+    for name in policies:
+        progress = progress_factory(name) if progress_factory else None
+        out[name] = run_policy(events, name, workload, config, engine=engine, progress=progress,
+                               **kw)
+    return out

@@ -1,0 +1,348 @@
+"""`timelyllm bench`: replay a workload under several policies and report the paper's metrics.
+
+    timelyllm bench --workload WID1 --policies vllm,vllm-stream,fcfs-seg,edf-seg,timelyllm \\
+        [--engine sim|vllm] [--seed N] [--batch-cap N] [--sweep-batch-cap 1,2,4,8,16] \\
+        [--json FILE] [--plots DIR] [--profile config/engine_profiles/X.yaml] [--model DIR] \\
+        [--duration-s S] [--prompt-tokens N|none] [--baseline-prefix-cache on|off] \
+        [--kv-blocks N]
+
+Every policy replays the same event list with the same robot execution times. Defaults are the
+paper's configuration: 2884-token prompts (simulated engine), vllm / vllm-stream without prefix
+caching, each policy's own admission. Exit status 2 for bad arguments (unknown policy, workload,
+profile), 1 if a replay fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from timelyllm_ros.bench.config import (DEFAULT_BASELINE_PREFIX_CACHE, DEFAULT_GEN_TIME_S,
+                                        DEFAULT_RESUME_LEAD_S, DEFAULT_SEGMENTED_BATCH_CAP,
+                                        PAPER_PROMPT_TOKENS, ROBOT_MODES, BenchConfig)
+from timelyllm_ros.bench.engines import EnginePool
+from timelyllm_ros.bench.metrics import format_ratios, format_table, json_safe, results_json
+from timelyllm_ros.bench.paper_workloads import build_scenario, is_scenario
+from timelyllm_ros.bench.policies import PolicyListError, parse_policy_list, split_by_pausing
+from timelyllm_ros.bench.progress import ReplayProgress
+from timelyllm_ros.bench.replay import run_policies
+from timelyllm_ros.bench.results import workload_block
+from timelyllm_ros.bench.sweep import format_sweep, sweep_batch_caps
+from timelyllm_ros.bench.workloads import (WorkloadSourceError, load_workload_events,
+                                           scenario_accepts)
+
+DEFAULT_POLICIES = "vllm,vllm-stream,fcfs-seg,edf-seg,timelyllm"
+
+
+class UsageError(Exception):
+    """Bad arguments: reported on stderr with exit status 2."""
+
+
+def _optional_number(kind):
+    def parse(text: str):
+        if text.lower() in ("none", "off", ""):
+            return None
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a {kind.__name__} or 'none', got {text!r}")
+        return value
+    return parse
+
+
+def _caps(text: str) -> list[int]:
+    try:
+        caps = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    if not caps or any(c < 1 for c in caps):
+        raise argparse.ArgumentTypeError(f"batch caps must be integers >= 1, got {text!r}")
+    return caps
+
+
+_UNPADDED = "none"
+
+
+def _prompt_tokens(text: str) -> int | str:
+    if text.lower() in ("none", "off"):
+        return _UNPADDED
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer or 'none', got {text!r}")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1 or 'none', got {text!r}")
+    return value
+
+
+def _on_off(text: str) -> bool:
+    if text.lower() in ("on", "true", "yes", "1"):
+        return True
+    if text.lower() in ("off", "false", "no", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected on or off, got {text!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="timelyllm bench",
+        description="Replay an LRTrace workload under several scheduling policies (same events, "
+                    "same robot timings) and report time utility, response and waiting time.")
+    p.add_argument("--workload", required=True,
+                   help="preset name (WID1, WID2, WID3), a seed paper's workload (seed001-chat, "
+                        "seed002-rtbe, seed003-gsm8k, seed004-api; simulated engine only) or a "
+                        "workload / event-list YAML file")
+    p.add_argument("--policies", default=DEFAULT_POLICIES,
+                   help=f"comma-separated policy names (default: {DEFAULT_POLICIES})")
+    p.add_argument("--engine", choices=("sim", "vllm"), default="sim",
+                   help="sim: calibrated simulated engine in virtual time (default); "
+                        "vllm: the real engine in wall-clock time (needs --model)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed of event composition and robot execution times "
+                        "(default: the workload's)")
+    p.add_argument("--batch-cap", type=int, default=None,
+                   help="fixed cap on running generations for every policy")
+    p.add_argument("--seg-batch-cap", type=_optional_number(int),
+                   default=DEFAULT_SEGMENTED_BATCH_CAP,
+                   help="without --batch-cap: cap for segmented policies (fcfs-seg, edf-seg, "
+                        "timelyllm*); 'none' = each policy's own admission, latency-guided for "
+                        "timelyllm* (default: none)")
+    p.add_argument("--sweep-batch-cap", type=_caps, default=None, metavar="1,2,4,8,16",
+                   help="also run every policy at each of these batch caps (Fig. 8)")
+    p.add_argument("--json", dest="json_path", default=None, metavar="FILE",
+                   help="write the metrics as JSON")
+    p.add_argument("--plots", default=None, metavar="DIR", help="write figures (PNG) here")
+    p.add_argument("--profile", default=None,
+                   help="engine profile YAML for the simulated engine "
+                        "(default: config/engine_profiles/llama3-8b-rtx4090.yaml)")
+    p.add_argument("--kv-blocks", type=int, default=None, metavar="N",
+                   help="simulated engine: KV cache of N blocks instead of the profile's (how "
+                        "much a policy's KV handling matters depends on the KV pressure)")
+    p.add_argument("--model", default=None, help="local model directory (--engine vllm)")
+    p.add_argument("--duration-s", type=float, default=None,
+                   help="replay only the first S seconds of the workload")
+    p.add_argument("--requests", type=int, default=None, metavar="N",
+                   help="a seed paper's workload with a fixed request count (seed003-gsm8k, "
+                        "seed004-api): only its first N requests")
+    p.add_argument("--resume-lead-s", type=_optional_number(float), default=DEFAULT_RESUME_LEAD_S,
+                   help="resume a suspended generation no earlier than this long before its "
+                        "robot is expected to finish ('none' = as soon as admitted; default)")
+    p.add_argument("--gen-time-s", type=_optional_number(float), default=DEFAULT_GEN_TIME_S,
+                   help="TimelyLLM's per-segment generation time g (default: the policy's, 0.09)")
+    p.add_argument("--robots", choices=ROBOT_MODES, default="queue",
+                   help="queue: a busy robot queues a new task behind its current one (default); "
+                        "parallel: every task gets its own robot")
+    p.add_argument("--baseline-prefix-cache", type=_on_off, default=DEFAULT_BASELINE_PREFIX_CACHE,
+                   metavar="on|off",
+                   help="off (default, the paper's configuration): vllm / vllm-stream run "
+                        "without automatic prefix caching, as vLLM V0 did by default in 2024; "
+                        "on: with it. Segmented policies always keep it. Both engines.")
+    p.add_argument("--prompt-tokens", type=_prompt_tokens, default=None,
+                   metavar="N|none",
+                   help="simulated engine: pad each skill set's prompt with a fixed (shared, "
+                        "cacheable) preamble to N tokens (default: the paper's "
+                        f"{PAPER_PROMPT_TOKENS}); none = the skill sets' own prompts")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    return p
+
+
+def _check_policies(text: str) -> list[str]:
+    try:
+        return parse_policy_list(text)
+    except PolicyListError as exc:
+        raise UsageError(f"--policies: {exc}") from None
+
+
+def _load_events(args: argparse.Namespace):
+    try:
+        return load_workload_events(args.workload, args.seed, args.duration_s)
+    except WorkloadSourceError as exc:
+        if exc.argument == "duration_s":
+            raise UsageError(f"--duration-s: {exc}") from None
+        raise UsageError(str(exc)) from None
+
+
+def _load_scenario(args: argparse.Namespace, policies: list[str]):
+    """(scenario, policies to run) for a paper workload (`seed001-chat`, ...)."""
+    if args.engine != "sim":
+        raise UsageError(f"workload {args.workload}: the paper workloads run on the simulated "
+                         "engine only (their plans are scripted token counts)")
+    params: dict[str, Any] = {}
+    if args.duration_s is not None:
+        if not scenario_accepts(args.workload, "duration_s"):
+            raise UsageError(f"--duration-s: workload {args.workload} has a fixed request count")
+        params["duration_s"] = args.duration_s
+    if args.requests is not None:
+        if not scenario_accepts(args.workload, "n"):
+            raise UsageError(f"--requests: workload {args.workload} is bounded by time "
+                             "(use --duration-s)")
+        if args.requests < 1:
+            raise UsageError(f"--requests: must be >= 1, got {args.requests}")
+        params["n"] = args.requests
+    scenario = build_scenario(args.workload, seed=args.seed, **params)
+    if not scenario.pauses_required:
+        return scenario, policies
+    kept, skipped = split_by_pausing(policies)
+    if skipped:
+        print(f"workload {scenario.name}: skipping {', '.join(skipped)}: a request that calls a "
+              "tool must pause for the answer, and these policies never pause a generation",
+              file=sys.stderr)
+    if not kept:
+        raise UsageError(f"workload {scenario.name}: no policy left that pauses generations")
+    return scenario, kept
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        return _main(args)
+    except UsageError as exc:
+        print(f"timelyllm bench: error: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:  # a replay that cannot finish (see bench.replay.run_policy)
+        print(f"timelyllm bench: replay failed: {exc}", file=sys.stderr)
+        return 1
+
+
+def _prompt_length(args: argparse.Namespace) -> int | None:
+    if args.prompt_tokens is None:  # default: the paper's profile on the simulated engine
+        return PAPER_PROMPT_TOKENS if args.engine == "sim" else None
+    if args.prompt_tokens == _UNPADDED:
+        return None
+    if args.engine == "vllm":
+        raise UsageError("--prompt-tokens pads prompts on the simulated engine only "
+                         "(--engine vllm uses the skill sets' prompts as they are)")
+    return args.prompt_tokens
+
+
+def _engine_profile(args: argparse.Namespace):
+    if args.profile is None:
+        return None
+    from timelyllm_ros.core.engine.cost_model import EngineProfile, EngineProfileError
+    try:
+        return EngineProfile.from_yaml(args.profile)
+    except EngineProfileError as exc:
+        raise UsageError(f"--profile: {exc}") from None
+
+
+def _bench_config(args: argparse.Namespace, profile, prompt_tokens: int | None,
+                  scenario) -> BenchConfig:
+    try:
+        config = BenchConfig(engine=args.engine, profile=profile, model=args.model,
+                             seed=args.seed, batch_cap=args.batch_cap,
+                             segmented_batch_cap=args.seg_batch_cap,
+                             baseline_prefix_cache=args.baseline_prefix_cache,
+                             prompt_tokens=prompt_tokens, resume_lead_s=args.resume_lead_s,
+                             gen_time_s=args.gen_time_s,
+                             robots=args.robots)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if scenario is not None:
+        config = scenario.configure(config)
+    if args.kv_blocks is not None:
+        if args.engine != "sim":
+            raise UsageError("--kv-blocks: the real engine's KV size is vLLM's (memory_fraction)")
+        try:
+            config = replace(config, profile=replace(config.load_profile(),
+                                                     kv_total_blocks=args.kv_blocks))
+        except ValueError as exc:
+            raise UsageError(f"--kv-blocks: {exc}") from None
+        print(f"KV cache: {args.kv_blocks} blocks", file=sys.stderr)
+    return config
+
+
+def _real_engine_pool(config: BenchConfig) -> EnginePool:
+    try:
+        import vllm  # noqa: F401 - fail early with a usage error, not mid-run
+    except ImportError as exc:
+        raise UsageError(f"--engine vllm: vLLM is not importable here ({exc})") from None
+    return EnginePool(config)
+
+
+def _main(args: argparse.Namespace) -> int:
+    policies = _check_policies(args.policies)
+    if args.batch_cap is not None and args.batch_cap < 1:
+        raise UsageError("--batch-cap: must be >= 1")
+    if args.seg_batch_cap is not None and args.seg_batch_cap < 1:
+        raise UsageError("--seg-batch-cap: must be >= 1 or none")
+    if args.engine == "vllm" and not args.model:
+        raise UsageError("--engine vllm needs --model DIR (a local model directory)")
+    prompt_tokens = _prompt_length(args)
+    profile = _engine_profile(args)
+    scenario = None
+    run_kwargs: dict[str, Any] = {}
+    if is_scenario(args.workload):
+        scenario, policies = _load_scenario(args, policies)
+        workload, events, run_kwargs = scenario.workload, scenario.events, scenario.run_kwargs()
+        prompt_tokens = None
+    else:
+        if args.requests is not None:
+            raise UsageError("--requests: only for a seed paper's workload with a fixed request "
+                             "count (seed003-gsm8k, seed004-api)")
+        workload, events = _load_events(args)
+    if not events:
+        raise UsageError(f"workload {workload.name}: no events in {workload.duration_s:g} s")
+    config = _bench_config(args, profile, prompt_tokens, scenario)
+    seed = workload.seed if args.seed is None else args.seed
+    n_tasks = sum(len(e.tasks) for e in events)
+    prompt_desc = f"{prompt_tokens}-token prompts" if prompt_tokens else "unpadded prompts"
+    if scenario is not None:
+        print(f"workload {scenario.name} (seed {scenario.paper}): {scenario.description}; "
+              f"engine profile {scenario.profile.name}", file=sys.stderr)
+    print(f"workload {workload.name}: {len(events)} events, {n_tasks} tasks over "
+          f"{workload.duration_s:g} s (seed {seed}); engine {args.engine}; {prompt_desc}; "
+          f"baseline prefix cache {'on' if args.baseline_prefix_cache else 'off'}", file=sys.stderr)
+
+    def progress_bar(label: str) -> ReplayProgress:
+        return ReplayProgress(label, enabled=not args.no_progress)
+
+    engine = _real_engine_pool(config) if args.engine == "vllm" else None
+    try:
+        runs = run_policies(events, policies, workload, config, progress_factory=progress_bar,
+                            engine=engine, **run_kwargs)
+        doc = results_json(runs, workload_block(workload, events, config, runs, seed))
+        if scenario is not None:
+            from timelyllm_ros.bench.paper_metrics import paper_metrics
+            doc["paper_metrics"] = {n: paper_metrics(r.tasks) for n, r in runs.items()}
+        sweep = None
+        if args.sweep_batch_cap:
+            sweep = sweep_batch_caps(events, policies, workload, config, args.sweep_batch_cap,
+                                     progress_factory=progress_bar, engine=engine, **run_kwargs)
+            doc["sweep"] = sweep
+    finally:
+        if engine is not None:
+            engine.shutdown()
+
+    print(format_table(doc))
+    if "paper_metrics" in doc:
+        from timelyllm_ros.bench.paper_metrics import format_paper_table
+        print(f"\n{scenario.paper}'s own figures (latency: arrival to last segment delivered):")
+        print(format_paper_table(doc["paper_metrics"]))
+    for target in [p for p in policies if p != "vllm"]:
+        line = format_ratios(doc, baseline="vllm", target=target)
+        if line:
+            print(line)
+    if sweep:
+        print(format_sweep(sweep))
+    if args.json_path:
+        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_path).write_text(json.dumps(json_safe(doc), indent=2) + "\n",
+                                        encoding="utf-8")
+        print(f"wrote {args.json_path}", file=sys.stderr)
+    if args.plots:
+        from timelyllm_ros.bench.plots import write_all
+        cache = "on" if args.baseline_prefix_cache else "off"
+        title = (f"{workload.name} ({args.engine}, {prompt_desc}, baseline prefix cache {cache}"
+                 + (f", batch cap {args.batch_cap})" if args.batch_cap else ")"))
+        for path in write_all(runs, doc, args.plots, sweep=sweep, title=title):
+            print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

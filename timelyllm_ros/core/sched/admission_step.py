@@ -1,0 +1,254 @@
+"""The admission half of `SegmentScheduler`: which queued generations start in the engine.
+
+Before each engine step the policy's priorities order the queue; the walk admits generations in
+that order while the admission controller allows (a generic `AdmissionController` sees the
+running batch's token budgets, a `CandidateAdmission` sees the batch and each candidate and may
+name running generations to preempt), behind the policy's gate if it has one. `_start` submits
+the engine request: a fresh plan, a discarded generation resubmitted with its token ids (the
+prefix cache serves its full blocks), or a paused one resumed in place.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from timelyllm_ros.core.engine.base import PRESERVE, EngineAdapter, EngineRequest
+from timelyllm_ros.core.generation import resume_regex
+from timelyllm_ros.core.sched.admission import TokenRateMeter
+from timelyllm_ros.core.sched.interface import (AdmissionController, AdmissionPass, Candidate,
+                                                GenerationInfo, Gate, Policy, RunningGen,
+                                                SchedulerContext)
+from timelyllm_ros.core.sched.queue_view import QueueArrays, QueueView
+from timelyllm_ros.core.sched.sizes import bound_of, context_of, is_complete_program, plan_budget
+from timelyllm_ros.core.skills.skillset import SkillSet
+from timelyllm_ros.core.task import TaskRecord
+
+log = logging.getLogger("timelyllm.scheduler")
+
+
+class AdmissionStep:
+    """Mixin of `SegmentScheduler` (core.sched.scheduler), which owns the state declared here."""
+
+    engine: EngineAdapter
+    policy: Policy
+    context: SchedulerContext
+    tasks: dict[str, TaskRecord]
+    fetch_overhead_s: list[float]
+    gate_holds: int
+    _queue: QueueArrays
+    _admission: AdmissionController
+    _candidate_aware: bool
+    _gate: Gate | None
+    _rate: TokenRateMeter
+    _running: dict[str, TaskRecord]
+    _run_bound: dict[str, int]
+    _paused: dict[str, tuple[str, str]]
+    _shared_of: dict[str, int]
+    _hook_admitted: bool
+    _hook_service_class: bool
+
+    def _admit(self, now: float) -> None:
+        if not len(self._queue):
+            return
+        started = time.perf_counter()
+        view = self._queue.view()
+        priorities = np.asarray(self.policy.priorities(view, now), dtype=float)
+        row_keys = [self._queue.key_at(i) for i in range(len(view))]
+        # Highest priority first; equal priorities in submission order. (Queue rows are not in
+        # submission order: removal moves the last row into the hole. A plain reversed argsort
+        # served ties last-submitted first, so FCFS admitted simultaneous arrivals backwards.)
+        submitted = view.task_seq
+        order = np.lexsort((submitted, -priorities))
+        eligible_from = None
+        if self.config.resume_lead_s is not None:
+            eligible_from = view.reference_s - self.config.resume_lead_s
+        if eligible_from is None:
+            rows = order
+        else:
+            mask = (view.segment_index[order] == 0) | (eligible_from[order] <= now)
+            rows = order[mask]
+        keys = [row_keys[i] for i in rows]
+        if not keys:
+            self._record_overhead(started)
+            if self._hook_admitted:
+                self.policy.on_admitted([], now)
+            return
+        if self._gate is not None and self._gate.decide(
+                view.prefill_tokens[rows], len(self._running)) != "prefill":
+            self.gate_holds += 1
+            self._record_overhead(started)
+            if self._hook_admitted:
+                self.policy.on_admitted([], now)
+            return
+        if self._candidate_aware:
+            admitted = self._admit_candidates(view, rows, keys, now, started)
+        else:
+            self._record_overhead(started)
+            admitted = []
+            for task_id in keys:
+                task = self.tasks[task_id]
+                ok, _why = self._admission.may_admit(
+                    self._running_budgets(now), self._rate.rate, self._free_blocks(),
+                    self._blocks_needed(task))
+                if not ok:
+                    break
+                self._start(task, now)
+                self._admission.note_admission()
+                admitted.append(task.submit_index)
+        if admitted and self._gate is not None:
+            self._gate.note_prefill()
+        if self._hook_admitted:
+            self.policy.on_admitted(admitted, now)
+
+    def _record_overhead(self, started: float) -> None:
+        self.fetch_overhead_s.append(time.perf_counter() - started)
+        if len(self.fetch_overhead_s) > 2 * self.config.overhead_history:
+            del self.fetch_overhead_s[:-self.config.overhead_history]
+
+    def _admit_candidates(self, view: QueueView, rows: np.ndarray, keys: list, now: float,
+                          started: float) -> list[int]:
+        """The admission walk for candidate-aware controllers (MC-SF look-ahead, BROS, ...)."""
+        batch = self._batch_state(now)
+        free = self._free_blocks()
+        block_size = self.context.kv_block_size
+        # Copies (fancy indexing): admissions below reorder the queue's rows.
+        deadlines = view.reference_s[rows] + view.ert_s[rows]
+        bounds = view.bound_tokens[rows]
+        prefill = view.prefill_tokens[rows]
+        seg_index = view.segment_index[rows]
+        urgent = view.is_urgent[rows]
+        admission = self._admission
+        admission.begin_pass(AdmissionPass(now, view, rows, keys, list(batch), free, block_size,
+                                           self._rate.rate))
+        self._record_overhead(started)
+        admitted = []
+        for j, task_id in enumerate(keys):
+            task = self.tasks[task_id]
+            need = self._blocks_needed(task)
+            cand = Candidate(task_id, task.submit_index, context_of(task), int(bounds[j]),
+                             int(prefill[j]), need, float(deadlines[j]), bool(urgent[j]),
+                             int(seg_index[j]), task.spec.skill_set,
+                             self._shared_of.get(task_id, 0))
+            ok, _why = admission.may_admit_candidate(batch, cand, free)
+            if not ok:
+                victims = admission.displacement_for(batch, cand, free)
+                if victims:
+                    for key in victims:
+                        self._preempt(self.tasks[key], now)
+                    gone = set(victims)
+                    batch = [g for g in batch if g.key not in gone]
+                    free = self._free_blocks()
+                    ok, _why = admission.may_admit_candidate(batch, cand, free)
+            if not ok:
+                if admission.skip_refused:
+                    continue
+                break
+            self._start(task, now)
+            admission.note_admission()
+            if task.engine_request_id is not None:
+                batch.append(RunningGen(task_id, cand.context_tokens, 0, cand.bound_tokens,
+                                        cand.deadline_s, cand.is_urgent, cand.skill_set,
+                                        cand.shared_tokens))
+                free -= need
+            admitted.append(task.submit_index)
+        return admitted
+
+    def _batch_state(self, now: float) -> list[RunningGen]:
+        out = []
+        for rid, task in self._running.items():
+            out.append(RunningGen(task.task_id, context_of(task), task.tokens_this_run,
+                                  self._run_bound.get(rid, 0), self._deadline_of(task, now),
+                                  task.spec.is_urgent, task.spec.skill_set,
+                                  self._shared_of.get(task.task_id, 0)))
+        return out
+
+    def _deadline_of(self, task: TaskRecord, now: float) -> float:
+        if not task.segments:
+            return task.spec.arrival_s + task.spec.tuf.ert_s
+        return task.robot_free_at(now)
+
+    def _free_blocks(self) -> int:
+        free = self.engine.kv_usage().free_blocks
+        if not self._running and self._paused:
+            # With nothing running the engine revokes preserved pauses for a waiting request
+            # (else it could wait for ever on blocks that only a queued generation would free).
+            free += self.engine.pinned_blocks()
+        return free
+
+    def _running_budgets(self, now: float) -> list[tuple[int, float, int]]:
+        # (tokens so far, remaining budget, this generation's own segment bound): in a mixed
+        # fleet a drone segment is bounded by 10 tokens, a chat one by 60.
+        return [(task.tokens_this_run, self._deadline_of(task, now) - now,
+                 self._run_bound.get(task.engine_request_id,
+                                     self._skill_set_of(task.spec).max_segment_tokens))
+                for task in self._running.values()]
+
+    def _blocks_needed(self, task: TaskRecord) -> int:
+        bs = self.context.kv_block_size
+        context = context_of(task)
+        tokens = context + bound_of(task, self._skill_set_of(task.spec))
+        need = -(-tokens // bs)
+        paused = self._paused.get(task.task_id)
+        if paused is not None and paused[1] == PRESERVE:
+            if self.engine.paused_handling(paused[0]) == PRESERVE:
+                need -= max(0, context - 1) // bs  # it still holds its full blocks
+        return need
+
+    def _start(self, task: TaskRecord, now: float) -> None:
+        self._queue.remove(task.queue_slot)
+        task.queue_slot = None
+        skill_set = self._skill_set_of(task.spec)
+        # One regex per skill set (the statement limit is enforced here, not in the grammar):
+        # vLLM compiles each distinct grammar once, and a compile costs seconds on a small CPU.
+        program = skill_set.output_regex()
+        generated_ids = task.generated.token_ids
+        request_id = f"{task.task_id}#{task.engine_requests}"
+        task.engine_requests += 1
+        resuming = bool(task.segments) or bool(generated_ids)
+        if resuming:
+            task.resumes += 1
+            task.awaiting_cached_count = True
+        scripted = None
+        if task.spec.scripted_plan is not None:
+            scripted = task.spec.scripted_plan[len(task.generated.text):]
+        # A plan suspended at the end of a complete program may stop right there; without this
+        # a resumed generation would be forced to add statements until max_statements.
+        may_end = resuming and program is not None and is_complete_program(
+            skill_set.output_regex(), task.generated.text + task.owed_text)
+        request = EngineRequest(
+            request_id=request_id,
+            prompt_token_ids=[*task.prompt_ids, *generated_ids],
+            max_tokens=max(1, plan_budget(task.spec, skill_set) - len(generated_ids)),
+            output_regex=resume_regex(task.owed_text, program, may_end=may_end),
+            scripted_text=scripted,
+            service_class=self._service_class(task, skill_set, now),
+        )
+        paused = self._paused.get(task.task_id)
+        try:
+            if paused is not None:
+                self.engine.resume_request(paused[0], request)
+                del self._paused[task.task_id]
+            else:
+                self.engine.add_request(request)
+        except Exception as err:  # noqa: BLE001 - the engine refused it; the task cannot run
+            log.warning("engine refused request %s: %s", request_id, err)
+            self._finish(task, "fail", f"engine refused the generation: {err}", now)
+            return
+        task.engine_request_id = request_id
+        self._run_bound[request_id] = bound_of(task, skill_set)
+        task.tokens_this_run = 0
+        task.run_started_s = now
+        self._running[request_id] = task
+        task.lifecycle.admit(now)
+        self._emit(task)
+
+    def _service_class(self, task: TaskRecord, skill_set: SkillSet, now: float) -> str | None:
+        if not self._hook_service_class:
+            return None
+        return self.policy.service_class(GenerationInfo(
+            task_id=task.task_id, is_urgent=task.spec.is_urgent,
+            deadline_s=self._deadline_of(task, now), bound_tokens=bound_of(task, skill_set),
+            context_tokens=context_of(task), skill_set=skill_set.name), now)

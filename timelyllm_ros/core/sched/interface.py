@@ -1,0 +1,333 @@
+"""The scheduler's contract with policies, admission controllers and listeners.
+
+Everything that crosses the boundary of `SegmentScheduler` is typed here, the way vLLM keeps
+`SchedulerInterface` and `SchedulerOutput` apart from its scheduler:
+
+- records the scheduler hands out (frozen: a policy or listener cannot change the scheduler's
+  state through them): `SchedulerContext`, `PauseInfo`, `GenerationInfo`, `StepInfo`,
+  `RunningGen`, `Candidate`, `AdmissionPass`, `SegmentDispatch`;
+- what it calls: `Policy` (base class with every hook and its default), `AdmissionController`
+  and `CandidateAdmission` (abstract base classes), `Gate`, `SchedulerListener`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, Sequence
+
+import numpy as np
+
+from timelyllm_ros.core.engine.base import (DISCARD, ENGINE_SCHEDULING, EngineAdapter,
+                                            EngineNeeds)
+from timelyllm_ros.core.engine.cost_model import EngineProfile
+from timelyllm_ros.core.errors import FieldError
+from timelyllm_ros.core.sched.queue_view import QueueView
+from timelyllm_ros.core.skills.base import SkillCall
+
+if TYPE_CHECKING:
+    from timelyllm_ros.core.task import TaskSnapshot
+
+# whole:   generate the whole plan, then dispatch it (plain vLLM).
+# stream:  dispatch each statement as soon as it is complete, but never pause the generation.
+# segment: suspend the generation at each segment boundary until the scheduler resumes it.
+DISPATCH_MODES = ("whole", "stream", "segment")
+
+
+class TaskRejected(FieldError):
+    """A goal the scheduler cannot serve; `field` names the offending goal field."""
+
+
+# ---------------------------------------------------------------------------- records
+@dataclass(frozen=True)
+class SchedulerContext:
+    """What a policy may know about the engine when the scheduler builds its controllers.
+
+    engine: the engine the scheduler drives (policies that model one engine variant, such as
+        BROS's bidirectional KV blocks, check its type).
+    profile: the engine's cost model when it has one (simulated engine), else None (real engine:
+        policies fall back to the default profile or a `profile` parameter).
+    supports_pause_handling: the engine can keep a suspended generation's KV (preserve, swap);
+        without it every suspension is a discard (abort + resubmit).
+    kv_bytes_per_token, host_link_bytes_per_s: KV size and host-link bandwidth used to price a
+        swap (the simulated engine's own values when it has them).
+    """
+
+    engine_name: str
+    kv_block_size: int
+    kv_total_blocks: int
+    max_segment_tokens: int
+    max_num_seqs: int | None = None
+    profile: EngineProfile | None = None
+    supports_pause_handling: bool = False
+    kv_bytes_per_token: float = 131072.0
+    host_link_bytes_per_s: float = 25e9
+    engine: EngineAdapter | None = None
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.kv_block_size * self.kv_total_blocks
+
+    def t_swap(self, tokens: float) -> float:
+        """Seconds to copy `tokens` tokens of KV one way over the host link."""
+        return float(tokens) * self.kv_bytes_per_token / self.host_link_bytes_per_s
+
+
+@dataclass(frozen=True)
+class PauseInfo:
+    """One suspension, as `Policy.pause_handling` sees it (token counts are KV tokens).
+
+    context_tokens: C_i, the generation's prompt + everything it generated so far.
+    other_tokens: C_other, the context of the other generations in the running batch.
+    pause_s: the execution-time model's (minimum) estimate of how long the robot needs before
+        it wants the next segment: the pause the KV must survive if nothing resumes it earlier.
+    eligible_in_s: how long until the scheduler may resume it (0 without a resume lead).
+    """
+
+    task_id: str
+    context_tokens: int
+    other_tokens: int
+    pause_s: float
+    eligible_in_s: float
+    segment_index: int
+    is_urgent: bool
+    context: SchedulerContext
+
+    @property
+    def batch_tokens(self) -> int:
+        return self.context_tokens + self.other_tokens
+
+
+@dataclass(frozen=True)
+class GenerationInfo:
+    """A generation about to be (re)started in the engine, as `Policy.service_class` sees it."""
+
+    task_id: str
+    is_urgent: bool
+    deadline_s: float  # when the robot needs this run's segment (reference + ERT)
+    bound_tokens: int  # most tokens this run may generate before its segment ends
+    context_tokens: int
+    skill_set: str
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """One engine step, reported to `Policy.on_step`."""
+
+    step: int
+    duration_s: float
+    batch_size: int
+    prefill_tokens: int
+    context_tokens: int  # sum of the running generations' contexts after the step
+
+
+@dataclass(frozen=True, slots=True)
+class RunningGen:
+    """A generation in the running batch, as candidate-aware admission controllers see it."""
+
+    key: str
+    context_tokens: int    # prompt + everything generated so far (its KV now)
+    tokens_this_run: int
+    bound_tokens: int      # most tokens this run may generate (the segment bound at admission)
+    deadline_s: float      # when its current segment is due (TUF ERT / robot done estimate)
+    is_urgent: bool
+    # Leading full blocks of its prompt shared with its skill set's fixed prompt (the part the
+    # prefix cache stores once for all generations of `skill_set`).
+    skill_set: str = ""
+    shared_tokens: int = 0
+
+    @property
+    def remaining_tokens(self) -> int:
+        return max(0, self.bound_tokens - self.tokens_this_run)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A queued generation offered to a candidate-aware admission controller."""
+
+    key: str
+    task_seq: int
+    context_tokens: int
+    bound_tokens: int
+    prefill_tokens: int
+    blocks_needed: int
+    deadline_s: float
+    is_urgent: bool
+    segment_index: int
+    skill_set: str = ""
+    shared_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class AdmissionPass:
+    """One admission pass: the queue in walk order, before anything is admitted."""
+
+    now: float
+    view: QueueView
+    rows: np.ndarray           # view rows in walk order (eligible ones only)
+    keys: list                 # task ids of those rows
+    running: list[RunningGen]
+    free_kv_blocks: int
+    block_size: int
+    rate: float | None = None  # measured decode speed of one generation (tokens/s)
+
+
+@dataclass(frozen=True)
+class SegmentDispatch:
+    """A segment on its way to its robot, as listeners receive it (a copy: the scheduler's own
+    task and segment records stay private to it)."""
+
+    task_id: str
+    robot_id: str
+    skill_set: str
+    sequence: int
+    text: str
+    calls: tuple[SkillCall, ...]
+    is_last: bool
+    estimated_execution_s: float
+    dispatched_s: float
+    estimated_done_s: float
+
+
+# ---------------------------------------------------------------------------- what it calls
+class AdmissionController(ABC):
+    """Asked before each admission with the running batch's budgets (see core.sched.admission):
+    `running` holds (tokens so far, remaining time budget, segment bound) per running generation,
+    `rate` the measured decode speed of one generation (tokens/s, None until measured)."""
+
+    @abstractmethod
+    def may_admit(self, running: Sequence[tuple[int, float, int]], rate: float | None,
+                  free_kv_blocks: int, blocks_needed: int) -> tuple[bool, str]:
+        """(admit?, why not)."""
+
+    def note_admission(self) -> None:
+        """A generation was admitted."""
+
+    def note_step(self, duration_s: float | None = None, batch_size: int | None = None) -> None:
+        """An engine step ran."""
+
+
+class CandidateAdmission(AdmissionController):
+    """An admission controller that sees the running batch and each queued candidate (the seed
+    policies: MC-SF's look-ahead, BROS's selection, the alpha-protection baselines)."""
+
+    # True: a refused candidate is skipped and the walk goes on; False: the walk stops there.
+    skip_refused: bool = False
+
+    def begin_pass(self, admission_pass: AdmissionPass) -> None:
+        """Once per admission pass, before the first candidate."""
+
+    @abstractmethod
+    def may_admit_candidate(self, batch: Sequence[RunningGen], candidate: Candidate,
+                            free_kv_blocks: int) -> tuple[bool, str]:
+        """(admit `candidate` next to `batch`?, why not)."""
+
+    def displacement_for(self, batch: Sequence[RunningGen], candidate: Candidate,
+                         free_kv_blocks: int) -> list[str]:
+        """Keys of running generations to preempt so that a refused `candidate` fits (BROS's
+        "yield blocks from best-effort work"); each is aborted and queued again."""
+        return []
+
+    def may_admit(self, running, rate, free_kv_blocks, blocks_needed):
+        raise TypeError(f"{type(self).__name__} admits candidates: the scheduler calls "
+                        "may_admit_candidate")
+
+
+class Gate(Protocol):
+    """Holds admissions (prefills) back for a while (003's Lagrangian prefill/decode gate)."""
+
+    def decide(self, waiting_prompt_tokens: Sequence[float], decoding: int) -> str:
+        """"prefill" to run the admission pass, anything else to hold it."""
+
+    def note_decode_round(self, decoding: int) -> None: ...
+
+    def note_prefill(self) -> None: ...
+
+
+class SchedulerListener(Protocol):
+    """Where the scheduler's output goes: segments to robots, status changes to clients."""
+
+    def on_segment(self, dispatch: SegmentDispatch) -> None: ...
+
+    def on_status(self, snapshot: TaskSnapshot) -> None: ...
+
+
+# ---------------------------------------------------------------------------- policies
+@dataclass
+class Policy:
+    """Base policy. Subclasses implement `priorities`; higher values are served first.
+
+    Hooks (the seed policies use them; the defaults keep the scheduler's original behaviour, and
+    the scheduler skips hooks a policy does not override):
+
+    - `make_admission(ctx)`: the policy's own admission controller, or None for the scheduler's
+      default (latency-guided when `latency_guided_admission`, else KV blocks only);
+    - `make_gate(ctx)`: a `Gate` consulted before each admission pass, or None;
+    - `pause_handling(pause)`: preserve / discard / swap for each suspension (default discard:
+      abort and resubmit with the token ids, served mostly from the prefix cache);
+    - `on_admitted(task_seqs, now)`: after each admission pass, the tasks admitted (by
+      `task_seq`, the queue column);
+    - `on_step(step)`: after each engine step;
+    - `on_task_end(task_seq)`: a task left the scheduler for good (forget its state);
+    - `service_class(gen, now)`: "rt" / "be" for the engine request of a generation being
+      started (BROS's bidirectional KV blocks serve the two classes from opposite ends);
+    - `engine_needs()`: the engine this policy needs (`EngineNeeds`): vLLM's scheduling policy
+      (`engine_scheduling`), the simulated engine variant it must be evaluated on, and the only
+      engine it can run on (`requires_engine`, a baseline that exists only in simulation). The
+      engine factory builds from it; the scheduler refuses an engine of another name.
+    """
+
+    name: str = "policy"
+    dispatch: str = "segment"
+    latency_guided_admission: bool = False
+    # Engine `name` this policy needs (None = any engine); checked when the scheduler is built.
+    requires_engine: str | None = None
+    engine_scheduling: str = "fcfs"
+
+    def __post_init__(self) -> None:
+        if self.dispatch not in DISPATCH_MODES:
+            raise ValueError(f"policy {self.name!r}: dispatch must be one of {DISPATCH_MODES},"
+                             f" got {self.dispatch!r}")
+        if self.engine_scheduling not in ENGINE_SCHEDULING:
+            raise ValueError(f"policy {self.name!r}: engine_scheduling must be one of "
+                             f"{ENGINE_SCHEDULING}, got {self.engine_scheduling!r}")
+
+    @property
+    def segmented(self) -> bool:
+        return self.dispatch == "segment"
+
+    def priorities(self, view: QueueView, now: float) -> np.ndarray:
+        raise NotImplementedError
+
+    def select(self, view: QueueView, now: float) -> int | None:
+        """Row index of the generation to serve next, or None for an empty queue.
+        Ties go to the lowest row index (argmax semantics)."""
+        if len(view) == 0:
+            return None
+        return int(np.argmax(self.priorities(view, now)))
+
+    # ---- hooks (see the class docstring) ----
+    def make_admission(self, ctx: SchedulerContext) -> AdmissionController | None:
+        return None
+
+    def make_gate(self, ctx: SchedulerContext) -> Gate | None:
+        return None
+
+    def pause_handling(self, pause: PauseInfo) -> str:
+        return DISCARD
+
+    def on_admitted(self, task_seqs: Sequence[int], now: float) -> None:
+        pass
+
+    def on_step(self, step: StepInfo) -> None:
+        pass
+
+    def on_task_end(self, task_seq: int) -> None:
+        pass
+
+    def service_class(self, gen: GenerationInfo, now: float) -> str | None:
+        return None
+
+    def engine_needs(self) -> EngineNeeds:
+        return EngineNeeds(scheduling_policy=self.engine_scheduling,
+                           only_engine=self.requires_engine)
