@@ -249,18 +249,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                    default=",".join(ROBOT_WORKLOADS + PAPER_WORKLOADS + TIGHT_KV_WORKLOADS))
     p.add_argument("--jobs", type=int, default=2)
     args = p.parse_args(argv)
-    from timelyllm_ros.core.policies.registry import policy_names
-    policies = [x for x in args.policies.split(",") if x]
-    unknown = [x for x in policies if x not in policy_names()]
+    from timelyllm_ros.bench.policies import PolicyListError, parse_policy_list
+    try:
+        policies = parse_policy_list(args.policies)
+    except PolicyListError as exc:
+        print(f"compare: --policies: {exc}", file=sys.stderr)
+        return 2
     workloads = [x for x in args.workloads.split(",") if x]
     try:
         bad = [w for w in workloads if split_workload(w)[0] not in HEADLINE]
     except ValueError as exc:
         print(f"compare: {exc}", file=sys.stderr)
         return 2
-    if unknown or bad:
-        print(f"compare: unknown {'policy ' + unknown[0] if unknown else 'workload ' + bad[0]}",
-              file=sys.stderr)
+    if bad:
+        print(f"compare: unknown workload {bad[0]}", file=sys.stderr)
         return 2
     results = run_all(workloads, policies, Path(args.out), args.jobs)
     print(markdown_table(results, policies))

@@ -115,23 +115,36 @@ def _fmt(value: Any, how: str) -> str:
 
 
 def format_table(doc: Mapping[str, Any]) -> str:
-    """Plain-text columns: one row per (policy, type), overall first, then the overhead."""
-    header = ["policy", "type", *(c[1] for c in _COLUMNS)]
+    """Plain-text columns: one row per (policy, type), overall first, then the overhead. With an
+    upper bound in the document (`doc["bound"]`, bench/bound.py) it is the last row, and each
+    policy's overall row has its utility as a fraction of the bound's."""
+    bound = doc.get("bound")
+    extra = ["of_bound"] if bound is not None else []
+    header = ["policy", "type", *(c[1] for c in _COLUMNS), *extra]
+
+    def cells(bucket: Mapping[str, Any]) -> list[str]:
+        return [_fmt(bucket.get(k), how) for k, _, how in _COLUMNS]
+
     rows = []
     for name, m in doc["policies"].items():
-        rows.append([name, "overall", *(_fmt(m["overall"][k], how) for k, _, how in _COLUMNS)])
+        rows.append([name, "overall", *cells(m["overall"]),
+                     *([_fmt(m.get("utility_fraction_of_bound"), "{:.3f}")] if extra else [])])
         for tname, bucket in m["by_type"].items():
-            rows.append(["", tname, *(_fmt(bucket[k], how) for k, _, how in _COLUMNS)])
+            rows.append(["", tname, *cells(bucket), *([""] if extra else [])])
         rows.append(["", "sched overhead", f"{m['scheduling_overhead_ms']:.3f} ms/fetch",
-                     "", "", "", ""])
+                     "", "", "", "", *([""] if extra else [])])
+    if bound is not None:
+        rows.append(["bound", "overall", *cells(bound["overall"]), "1.000"])
+        for tname, bucket in bound["by_type"].items():
+            rows.append(["", tname, *cells(bucket), ""])
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = []
     for j, r in enumerate([header, *rows]):
-        cells = [str(c).ljust(widths[i]) if i < 2 else str(c).rjust(widths[i])
-                 for i, c in enumerate(r)]
+        cells_ = [str(c).ljust(widths[i]) if i < 2 else str(c).rjust(widths[i])
+                  for i, c in enumerate(r)]
         if r[1] == "sched overhead":
-            cells = [str(r[0]).ljust(widths[0]), str(r[1]).ljust(widths[1]), r[2]]
-        lines.append("  ".join(cells).rstrip())
+            cells_ = [str(r[0]).ljust(widths[0]), str(r[1]).ljust(widths[1]), r[2]]
+        lines.append("  ".join(cells_).rstrip())
         if j == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)

@@ -7,6 +7,8 @@
 - `plot_batch_sweep`   (cf. Fig. 8): mean utility (and waiting time) against the batch cap.
 - `plot_algorithms`    (cf. Fig. 8, algorithms): overall utility and waiting time per policy,
                        with per-type utility, for the scheduling variants incl. slack scalings.
+- `plot_load_sweep`    mean utility and p99 response time against the load (events/s), per
+                       policy, with the upper bound; overloaded loads shaded.
 
 Each function writes one PNG and returns its path.
 """
@@ -22,6 +24,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.ticker import ScalarFormatter  # noqa: E402
 
 from timelyllm_ros.bench.metrics import compute_metrics, ordered_types  # noqa: E402
 
@@ -235,8 +238,81 @@ def plot_algorithms(doc: Mapping[str, Any], path: str | Path, title: str = "") -
     return _save(fig, path)
 
 
+def plot_load_sweep(sweep: Mapping[str, Any], path: str | Path, title: str = "") -> Path:
+    """Load sweep: overall mean utility, the same as a fraction of the upper bound, and p99
+    response time against the event rate, one line per policy and the bound (dashed); loads at
+    which the best baseline misses more than 10 % of deadlines are shaded. Policies whose lines
+    coincide stay visible: each has its own marker, drawn smaller than the one before."""
+    loads = list(sweep["events_per_s"])
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.6))
+    markers = ("o", "s", "^", "D", "v", "P", "X", "*")
+    # The fraction panel shows [floor, 1]: zoomed in near 1, never below 0 (an overloaded
+    # policy's fraction can be -36; it is drawn at the floor with its value).
+    lowest = min([_nan_to_zero(v) for e in sweep["policies"].values()
+                  for v in e["utility_fraction_of_bound"]], default=1.0)
+    floor = max(0.0, min(lowest, 0.99) - 0.02)
+    utilities = []
+    for k, (name, values) in enumerate(sweep["policies"].items()):
+        style = {"marker": markers[k % len(markers)], "markersize": max(3.0, 9.0 - 1.5 * k),
+                 "linewidth": max(1.0, 2.6 - 0.5 * k), "label": name}
+        u = [_nan_to_zero(v) for v in values["utility_mean"]]
+        utilities += u
+        axes[0].plot(loads, u, **style)
+        fractions = [_nan_to_zero(v) for v in values["utility_fraction_of_bound"]]
+        line, = axes[1].plot(loads, [max(f, floor) for f in fractions], **style)
+        for x, f in zip(loads, fractions):
+            if f < floor:  # off the scale: drawn at its bottom, with the value written
+                axes[1].annotate(f"{f:.2f}", (x, floor), textcoords="offset points",
+                                 xytext=(-4, 6), ha="right", fontsize=7,
+                                 color=line.get_color())
+        axes[2].plot(loads, [_nan_to_zero(v) * 1e3 for v in values["response_time_p99_s"]],
+                     **style)
+    bound = sweep["bound"]
+    bound_style = {"color": "black", "ls": "--", "marker": "x", "label": "bound (each task alone)"}
+    axes[0].plot(loads, [_nan_to_zero(v) for v in bound["utility_mean"]], **bound_style)
+    axes[1].plot(loads, [1.0] * len(loads), **bound_style)
+    axes[2].plot(loads, [_nan_to_zero(v) * 1e3 for v in bound["response_time_p99_s"]],
+                 **bound_style)
+    over = [x for x, o in zip(loads, sweep["overload"]) if o]
+    if over:
+        # From halfway (geometrically) below the first overloaded load to the right edge.
+        i = loads.index(over[0])
+        left = math.sqrt(loads[i - 1] * loads[i]) if i > 0 else loads[i] / 1.2
+        for ax in axes:
+            ax.axvspan(left, max(loads) * 1.2, color="tab:red", alpha=0.08,
+                       label=f"overload (best baseline misses > "
+                             f"{sweep['overload_miss_rate'] * 100:g} %)")
+    axes[0].set_ylabel("mean time utility")
+    if utilities and min(utilities) < -3:
+        axes[0].set_yscale("symlog", linthresh=1.0)
+        axes[0].set_ylabel("mean time utility (symlog: linear in [-1, 1])")
+    axes[1].set_ylabel("mean utility / bound's")
+    axes[1].set_ylim(floor, 1.0 + 0.05 * (1.0 - floor))
+    axes[2].set_ylabel("p99 response time (ms, log)")
+    axes[2].set_yscale("log")
+    axes[2].yaxis.set_major_formatter(ScalarFormatter())
+    p99 = [v for v in (_nan_to_zero(x) for e in [*sweep["policies"].values(), bound]
+                       for x in e["response_time_p99_s"]) if v > 0]
+    if p99 and max(p99) / min(p99) < 10:  # less than a decade: label the minor ticks too
+        axes[2].yaxis.set_minor_formatter(ScalarFormatter())
+    for ax in axes:
+        ax.set_xlabel("load (events/s)")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(loads)
+        ax.set_xticklabels([f"{x:g}\n(x{s:g})" for x, s in zip(loads, sweep["load_scale"])],
+                           fontsize=8)
+        ax.set_xlim(min(loads) / 1.2, max(loads) * 1.2)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
 def write_all(runs: Mapping[str, Any], doc: Mapping[str, Any], out_dir: str | Path,
-              sweep: Mapping[str, Any] | None = None, title: str = "") -> list[Path]:
+              sweep: Mapping[str, Any] | None = None, title: str = "",
+              load_sweep: Mapping[str, Any] | None = None) -> list[Path]:
     """Every figure the bench can draw from these results, into `out_dir`."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -248,6 +324,8 @@ def write_all(runs: Mapping[str, Any], doc: Mapping[str, Any], out_dir: str | Pa
                                    policies=timeline_policies))
     if sweep:
         paths.append(plot_batch_sweep(sweep, out / "fig8_batch_cap.png", title))
+    if load_sweep:
+        paths.append(plot_load_sweep(load_sweep, out / "load_sweep.png", title))
     return paths
 
 

@@ -7,8 +7,13 @@ from typing import Iterable
 
 from timelyllm_ros.bench.config import BenchConfig
 from timelyllm_ros.core.policies.builtin import TimelyPolicy
-from timelyllm_ros.core.policies.registry import get_policy, policy_names
+from timelyllm_ros.core.policies.registry import DEFAULT_POLICY, get_policy, policy_names
 from timelyllm_ros.core.sched.interface import Policy
+
+
+# In a policy list: the planner's default policy (`core.policies.registry.DEFAULT_POLICY`), so
+# that scripts need not track which policy that is.
+DEFAULT_ALIAS = "default"
 
 
 class PolicyListError(ValueError):
@@ -16,16 +21,21 @@ class PolicyListError(ValueError):
 
 
 def parse_policy_list(text: str) -> list[str]:
-    """The names of a comma-separated list, each a registered policy, none twice."""
-    names = [p.strip() for p in text.split(",") if p.strip()]
-    if not names:
+    """The names of a comma-separated list, each a registered policy, none twice; `default`
+    stands for the planner's default policy and is replaced by its name."""
+    given = [p.strip() for p in text.split(",") if p.strip()]
+    if not given:
         raise PolicyListError("no policy given")
+    names = [DEFAULT_POLICY if n == DEFAULT_ALIAS else n for n in given]
     known = policy_names()
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise PolicyListError(f"unknown policy {unknown[0]!r}; known policies: {', '.join(known)}")
+        raise PolicyListError(f"unknown policy {unknown[0]!r}; known policies: "
+                              f"{', '.join(known)} (and {DEFAULT_ALIAS!r} = {DEFAULT_POLICY})")
     if len(set(names)) != len(names):
-        raise PolicyListError("a policy is listed twice")
+        twice = next(n for n in names if names.count(n) > 1)
+        also = f" ({DEFAULT_ALIAS!r} is {DEFAULT_POLICY})" if DEFAULT_ALIAS in given else ""
+        raise PolicyListError(f"policy {twice!r} is listed twice{also}")
     return names
 
 

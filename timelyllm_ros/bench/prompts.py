@@ -30,7 +30,8 @@ def pad_skill_sets(skill_sets: Mapping[str, SkillSet], prompt_tokens: int | None
     prompt of each set (over `instructions[name]`) has `prompt_tokens` tokens on the simulated
     engine's tokenizer. The preamble is the same for every task of a set, so prefix caching can
     share it as it shares the real fixed prompt. Sets already that long, sets without
-    instructions and `prompt_tokens=None` are returned unchanged."""
+    instructions and `prompt_tokens=None` are returned unchanged. `instructions` are the traces'
+    own: a task's context (`lrtrace.workload.TaskSpec.context`) comes on top of the padding."""
     out = dict(skill_sets)
     if prompt_tokens is None:
         return out

@@ -307,7 +307,9 @@ def _submit_event(scheduler: SegmentScheduler, robots: SimulatedRobots, event: E
         try:
             scheduler.submit(TaskSpec(
                 task_id=task_id, robot_id=spec.robot_id, skill_set=trace.skill_set,
-                instruction=trace.instruction, tuf=tuf_levels.get(spec.tuf_level), arrival_s=at,
+                # The trace's instruction plus the task's own context, if its workload has one.
+                instruction=spec.instruction_for(trace), tuf=tuf_levels.get(spec.tuf_level),
+                arrival_s=at,
                 urgency=spec.tuf_level, scripted_plan=trace.plan if simulated else None,
                 max_plan_tokens=trace.max_plan_tokens))
         except TaskRejected:

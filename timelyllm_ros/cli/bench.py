@@ -4,7 +4,7 @@
         [--engine sim|vllm] [--seed N] [--batch-cap N] [--sweep-batch-cap 1,2,4,8,16] \\
         [--json FILE] [--plots DIR] [--profile config/engine_profiles/X.yaml] [--model DIR] \\
         [--duration-s S] [--prompt-tokens N|none] [--baseline-prefix-cache on|off] \
-        [--kv-blocks N]
+        [--kv-blocks N] [--bound] [--load-scale 0.25,0.5,1,2,4,8,16]
 
 Every policy replays the same event list with the same robot execution times. Defaults are the
 paper's configuration: 2884-token prompts (simulated engine), vllm / vllm-stream without prefix
@@ -25,15 +25,18 @@ from timelyllm_ros.bench.config import (DEFAULT_BASELINE_PREFIX_CACHE, DEFAULT_G
                                         DEFAULT_RESUME_LEAD_S, DEFAULT_SEGMENTED_BATCH_CAP,
                                         PAPER_PROMPT_TOKENS, ROBOT_MODES, BenchConfig)
 from timelyllm_ros.bench.engines import EnginePool
+from timelyllm_ros.bench.load_sweep import format_load_sweep, scaled_workload, sweep_loads
 from timelyllm_ros.bench.metrics import format_ratios, format_table, json_safe, results_json
 from timelyllm_ros.bench.paper_workloads import build_scenario, is_scenario
-from timelyllm_ros.bench.policies import PolicyListError, parse_policy_list, split_by_pausing
+from timelyllm_ros.bench.policies import (DEFAULT_ALIAS, PolicyListError, parse_policy_list,
+                                          split_by_pausing)
 from timelyllm_ros.bench.progress import ReplayProgress
 from timelyllm_ros.bench.replay import run_policies
 from timelyllm_ros.bench.results import workload_block
 from timelyllm_ros.bench.sweep import format_sweep, sweep_batch_caps
 from timelyllm_ros.bench.workloads import (WorkloadSourceError, load_workload_events,
                                            scenario_accepts)
+from timelyllm_ros.core.policies.registry import DEFAULT_POLICY
 
 DEFAULT_POLICIES = "vllm,vllm-stream,fcfs-seg,edf-seg,timelyllm"
 
@@ -62,6 +65,18 @@ def _caps(text: str) -> list[int]:
     if not caps or any(c < 1 for c in caps):
         raise argparse.ArgumentTypeError(f"batch caps must be integers >= 1, got {text!r}")
     return caps
+
+
+def _scales(text: str) -> list[float]:
+    try:
+        scales = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+    if not scales or any(not (s > 0 and s < float("inf")) for s in scales):
+        raise argparse.ArgumentTypeError(f"load scales must be numbers > 0, got {text!r}")
+    if len(set(scales)) != len(scales):
+        raise argparse.ArgumentTypeError(f"a load scale is listed twice: {text!r}")
+    return scales
 
 
 _UNPADDED = "none"
@@ -97,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "seed002-rtbe, seed003-gsm8k, seed004-api; simulated engine only) or a "
                         "workload / event-list YAML file")
     p.add_argument("--policies", default=DEFAULT_POLICIES,
-                   help=f"comma-separated policy names (default: {DEFAULT_POLICIES})")
+                   help=f"comma-separated policy names (default: {DEFAULT_POLICIES}); "
+                        f"'{DEFAULT_ALIAS}' names the planner's default policy")
     p.add_argument("--engine", choices=("sim", "vllm"), default="sim",
                    help="sim: calibrated simulated engine in virtual time (default); "
                         "vllm: the real engine in wall-clock time (needs --model)")
@@ -113,6 +129,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "timelyllm* (default: none)")
     p.add_argument("--sweep-batch-cap", type=_caps, default=None, metavar="1,2,4,8,16",
                    help="also run every policy at each of these batch caps (Fig. 8)")
+    p.add_argument("--load-scale", type=_scales, default=None, metavar="0.25,0.5,1,2,4",
+                   help="also run every policy at each multiple of the workload's event rate "
+                        "(composed again with the same seed), with the upper bound; adds "
+                        "'load_sweep' to the JSON and load_sweep.png to --plots")
+    p.add_argument("--bound", action="store_true",
+                   help="add the upper bound (each task's first segment served alone on a warm "
+                        "engine) as a row, and each policy's utility as a fraction of it")
     p.add_argument("--json", dest="json_path", default=None, metavar="FILE",
                    help="write the metrics as JSON")
     p.add_argument("--plots", default=None, metavar="DIR", help="write figures (PNG) here")
@@ -266,6 +289,8 @@ def _real_engine_pool(config: BenchConfig) -> EnginePool:
 
 def _main(args: argparse.Namespace) -> int:
     policies = _check_policies(args.policies)
+    if DEFAULT_ALIAS in [p.strip() for p in args.policies.split(",")]:
+        print(f"policy {DEFAULT_ALIAS}: {DEFAULT_POLICY} (the planner's default)", file=sys.stderr)
     if args.batch_cap is not None and args.batch_cap < 1:
         raise UsageError("--batch-cap: must be >= 1")
     if args.seg_batch_cap is not None and args.seg_batch_cap < 1:
@@ -285,6 +310,14 @@ def _main(args: argparse.Namespace) -> int:
             raise UsageError("--requests: only for a seed paper's workload with a fixed request "
                              "count (seed003-gsm8k, seed004-api)")
         workload, events = _load_events(args)
+    if args.load_scale is not None:
+        if scenario is not None:
+            raise UsageError(f"--load-scale: workload {workload.name} is a seed paper's workload "
+                             "with its own arrival process (use a preset or a workload file)")
+        try:
+            scaled_workload(workload, args.load_scale[0])
+        except ValueError as exc:
+            raise UsageError(f"--load-scale: {exc}") from None
     if not events:
         raise UsageError(f"workload {workload.name}: no events in {workload.duration_s:g} s")
     config = _bench_config(args, profile, prompt_tokens, scenario)
@@ -306,6 +339,9 @@ def _main(args: argparse.Namespace) -> int:
         runs = run_policies(events, policies, workload, config, progress_factory=progress_bar,
                             engine=engine, **run_kwargs)
         doc = results_json(runs, workload_block(workload, events, config, runs, seed))
+        if args.bound:
+            from timelyllm_ros.bench.bound import add_bound, upper_bound
+            add_bound(doc, upper_bound(events, workload, config, **run_kwargs))
         if scenario is not None:
             from timelyllm_ros.bench.paper_metrics import paper_metrics
             doc["paper_metrics"] = {n: paper_metrics(r.tasks) for n, r in runs.items()}
@@ -314,6 +350,13 @@ def _main(args: argparse.Namespace) -> int:
             sweep = sweep_batch_caps(events, policies, workload, config, args.sweep_batch_cap,
                                      progress_factory=progress_bar, engine=engine, **run_kwargs)
             doc["sweep"] = sweep
+        load_sweep = None
+        if args.load_scale:
+            load_sweep = sweep_loads(
+                workload, policies, config, args.load_scale, base=(events, runs),
+                progress_factory=progress_bar, engine=engine,
+                announce=lambda line: print(line, file=sys.stderr), **run_kwargs)
+            doc["load_sweep"] = load_sweep
     finally:
         if engine is not None:
             engine.shutdown()
@@ -329,6 +372,8 @@ def _main(args: argparse.Namespace) -> int:
             print(line)
     if sweep:
         print(format_sweep(sweep))
+    if load_sweep:
+        print(format_load_sweep(load_sweep))
     if args.json_path:
         Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_path).write_text(json.dumps(json_safe(doc), indent=2) + "\n",
@@ -339,7 +384,8 @@ def _main(args: argparse.Namespace) -> int:
         cache = "on" if args.baseline_prefix_cache else "off"
         title = (f"{workload.name} ({args.engine}, {prompt_desc}, baseline prefix cache {cache}"
                  + (f", batch cap {args.batch_cap})" if args.batch_cap else ")"))
-        for path in write_all(runs, doc, args.plots, sweep=sweep, title=title):
+        for path in write_all(runs, doc, args.plots, sweep=sweep, title=title,
+                              load_sweep=load_sweep):
             print(f"wrote {path}", file=sys.stderr)
     return 0
 

@@ -15,10 +15,10 @@ import sys
 import time
 from pathlib import Path
 
+from timelyllm_ros.core.policies.registry import DEFAULT_POLICY
 from timelyllm_ros.ros_env import REPO_ROOT
 
 DEFAULT_DESCRIPTION = REPO_ROOT / "launch" / "demo.nodes.yaml"
-DEFAULT_POLICY = "timelyllm-bros"
 DEFAULT_OUT = REPO_ROOT / "out" / "demo"
 
 DEMO_TASKS = [

@@ -2,7 +2,8 @@
 
 A trace is model-independent: it fixes the instruction, the robot category, the TUF level and a
 representative plan. Workloads (workload.py) draw tasks from traces; the simulated engine emits
-a trace's plan as its generated text.
+a trace's plan as its generated text. A task may add its own context to the trace's instruction
+(`context_text`, drawn by `workload.compose` for a workload with `context_tokens`).
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
 import yaml
 
-# Robot categories; a category is also the prefix of robot ids (`drone_07`).
-CATEGORIES = ("drone", "arm", "chat", "agent")
+# Robot categories; a category is also the prefix of robot ids (`drone_07`). `batch`: a client
+# of best-effort batch work (reports, summaries) whose output nobody waits on.
+CATEGORIES = ("drone", "arm", "chat", "agent", "batch")
 
 _REQUIRED = ("id", "instruction", "category", "tuf_level", "skill_set", "plan")
 _OPTIONAL = ("notes", "max_plan_tokens")
@@ -116,3 +119,32 @@ def _parse_trace(entry: Any, index: int, origin: str) -> Trace:
         notes=notes.strip(),
         max_plan_tokens=budget,
     )
+
+
+# A context is a label, the task number in three words, then words drawn from the workload's
+# seed. Every piece is one token on the simulated engine's tokenizer (`PieceTokenizer`: a word
+# with its leading space is one token), so a context of n tokens makes the prompt n tokens longer.
+CONTEXT_LABEL = "\nContext:"  # 3 tokens: newline, word, colon
+CONTEXT_WORDS = (
+    "red", "blue", "green", "white", "black", "grey", "small", "large", "left", "right", "near",
+    "far", "above", "below", "behind", "front", "table", "chair", "door", "window", "shelf",
+    "sofa", "bed", "desk", "lamp", "cup", "bottle", "book", "box", "bag", "plant", "wall",
+    "floor", "person", "child", "dog", "cat", "toy", "phone", "keys", "wallet", "tool", "paper",
+    "pen", "tray", "bin", "apple", "carrot", "open", "closed", "moving", "still", "bright",
+    "dark", "battery", "low", "high", "route", "clear", "blocked", "seen", "lost", "north",
+    "south")
+CONTEXT_MIN_TOKENS = 6  # label (3) + task number (3)
+CONTEXT_MAX_TOKENS = 1_000_000
+CONTEXT_SEED = 0x636F6E74  # the context draws' own stream of the workload's seed ("cont")
+
+
+def context_text(task_id: int, tokens: int, rng: np.random.Generator) -> str:
+    """`tokens` tokens of context for task `task_id`: distinct per task (its number is written in
+    the first words, least significant first, so consecutive tasks differ at the first word),
+    the rest words drawn from `rng`."""
+    if tokens < CONTEXT_MIN_TOKENS:
+        raise ValueError(f"a context has at least {CONTEXT_MIN_TOKENS} tokens, got {tokens}")
+    v = len(CONTEXT_WORDS)
+    words = [(task_id // v ** i) % v for i in range(3)]
+    words += rng.integers(0, v, size=tokens - CONTEXT_MIN_TOKENS).tolist()
+    return CONTEXT_LABEL + "".join(" " + CONTEXT_WORDS[w] for w in words)

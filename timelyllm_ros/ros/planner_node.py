@@ -30,7 +30,7 @@ from timelyllm_ros.core.engine.base import ENGINE_SCHEDULING
 from timelyllm_ros.core.engine.factory import EngineSpec, build_engine
 from timelyllm_ros.core.engine.vllm_engine import VllmEngineConfig
 from timelyllm_ros.core.exec_model import ExecutionTimeModel
-from timelyllm_ros.core.policies.registry import get_policy
+from timelyllm_ros.core.policies.registry import DEFAULT_POLICY, get_policy
 from timelyllm_ros.core.sched.scheduler import SchedulerConfig, SegmentScheduler
 from timelyllm_ros.core.sched.interface import SegmentDispatch, TaskRejected
 from timelyllm_ros.core.skills.skillset import load_skillsets
@@ -143,7 +143,7 @@ class PlannerNode(Node):
     # ------------------------------------------------------------------ parameters
     def _declare_parameters(self) -> dict[str, Any]:
         defaults = {
-            "policy": "timelyllm-bros",
+            "policy": DEFAULT_POLICY,
             "model": "",
             "config_dir": "",
             "exec_model": "",

@@ -42,7 +42,7 @@ def test_unknown_workloads_and_policies_are_usage_errors(tmp_path, capsys):
     assert compare.main(["--workloads", "WID1@kvx", "--out", str(tmp_path)]) == 2
     assert "block count" in capsys.readouterr().err
     assert compare.main(["--policies", "nope", "--out", str(tmp_path)]) == 2
-    assert "unknown policy nope" in capsys.readouterr().err
+    assert "unknown policy 'nope'" in capsys.readouterr().err
 
 
 def test_markdown_table_marks_stuck_and_skipped_runs():

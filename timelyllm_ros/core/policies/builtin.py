@@ -1,5 +1,5 @@
-"""The core's own policies: FCFS, EDF and TimelyLLM's PUD-with-slack (Eq. 4). The base class
-and its hooks are `core.sched.interface.Policy`."""
+"""The core's own policies: FCFS, EDF, vLLM's priority scheduling and TimelyLLM's PUD-with-slack
+(Eq. 4). The base class and its hooks are `core.sched.interface.Policy`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Mapping
 import numpy as np
 
 from timelyllm_ros.core.policies.priority import SlackScaling, check_gen_time, get_slack_scaling, pud_core
-from timelyllm_ros.core.sched.interface import Policy
+from timelyllm_ros.core.sched.interface import GenerationInfo, Policy
 from timelyllm_ros.core.sched.queue_view import QueueView
 
 # Profiled mean time to generate one robot-control segment (paper §4.3 / §7).
@@ -25,6 +25,40 @@ class FcfsPolicy(Policy):
 
     def priorities(self, view: QueueView, now: float) -> np.ndarray:
         return np.negative(view.arrival_s)
+
+
+# Service classes of `EngineRequest.service_class`: an engine with priority scheduling serves "be"
+# after everything else (`core.engine.base.engine_priority`: priority 1 vs 0).
+REAL_TIME, BEST_EFFORT = "rt", "be"
+# Added to an urgent row's FCFS priority (-arrival) so that every urgent row ranks above every
+# normal one; far above any replay's arrival times (seconds), far below float64's precision limit.
+_CLASS_OFFSET = 1e9
+
+
+@dataclass
+class PriorityClassPolicy(FcfsPolicy):
+    """vLLM's own priority scheduling (`--scheduling-policy priority`), each task's urgency class
+    as the request priority: what a vLLM user gets without TimelyLLM. Streamed dispatch (each
+    statement goes out when complete), no segmentation, no admission of its own.
+
+    The engine request of an urgent task is "rt" (vLLM priority 0), of any other "be" (priority
+    1), and the engine runs with `scheduling_policy="priority"`: it admits waiting requests, and
+    picks preemption victims, by (priority, arrival). The scheduler's own queue (where requests
+    wait while the KV cache is full, before they reach the engine) is ordered the same way,
+    urgent first and FCFS within a class, because vLLM's waiting queue is that queue: a user
+    submits every request to vLLM at once."""
+
+    name: str = "vllm-priority"
+    dispatch: str = "stream"
+    engine_scheduling: str = "priority"
+
+    def priorities(self, view: QueueView, now: float) -> np.ndarray:
+        out = np.negative(view.arrival_s)
+        out[view.is_urgent] += _CLASS_OFFSET
+        return out
+
+    def service_class(self, gen: GenerationInfo, now: float) -> str:
+        return REAL_TIME if gen.is_urgent else BEST_EFFORT
 
 
 @dataclass

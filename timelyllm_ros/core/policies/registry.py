@@ -20,11 +20,16 @@ from functools import lru_cache
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Callable, Mapping
 
-from timelyllm_ros.core.policies.builtin import EdfPolicy, FcfsPolicy, TimelyPolicy
+from timelyllm_ros.core.policies.builtin import (EdfPolicy, FcfsPolicy, PriorityClassPolicy,
+                                                  TimelyPolicy)
 from timelyllm_ros.core.sched.interface import Policy
 from timelyllm_ros.core.policies.priority import slack_scaling_names
 
 ENTRY_POINT_GROUP = "timelyllm_ros.policies"
+
+# The planner's default policy (the ROS planner node's `policy` parameter, config/planner.yaml),
+# and what `--policies default` names in the bench. A plug-in (papers.bros); only its name is here.
+DEFAULT_POLICY = "timelyllm-bros"
 
 PolicyFactory = Callable[..., Policy]
 
@@ -99,6 +104,7 @@ def _builtin(name: str, cls: type[Policy], **fixed: Any) -> None:
 
 _builtin("vllm", FcfsPolicy, dispatch="whole")
 _builtin("vllm-stream", FcfsPolicy, dispatch="stream")
+_builtin("vllm-priority", PriorityClassPolicy)
 _builtin("fcfs-seg", FcfsPolicy, dispatch="segment")
 _builtin("edf-seg", EdfPolicy, dispatch="segment")
 _builtin("timelyllm", TimelyPolicy, slack_scaling="max_slack_g")

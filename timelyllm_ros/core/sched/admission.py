@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections import deque
-from typing import Sequence
+from typing import Collection, Sequence
 
 import numpy as np
 
@@ -254,6 +254,8 @@ class FixedBatchCap(AdmissionController):
 class BlocksOnlyAdmission(AdmissionController):
     """Admit whenever KV blocks suffice (vLLM's own behaviour, for policies without §4.4)."""
 
+    reads_running = False
+
     def may_admit(self, running: Sequence[RunningInfo], rate: float | None,
                   free_kv_blocks: int, blocks_needed: int) -> tuple[bool, str]:
         ok, why = _blocks_ok(free_kv_blocks, blocks_needed)
@@ -290,6 +292,9 @@ class _CappedCandidateAdmission(CandidateAdmission):
 
     def begin_pass(self, admission_pass: AdmissionPass) -> None:
         self.inner.begin_pass(admission_pass)
+
+    def shortlist(self) -> Collection | None:
+        return self.inner.shortlist()
 
     def may_admit_candidate(self, batch: Sequence[RunningGen], candidate: Candidate,
                             free_kv_blocks: int) -> tuple[bool, str]:

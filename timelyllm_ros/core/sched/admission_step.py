@@ -56,7 +56,6 @@ class AdmissionStep:
         started = time.perf_counter()
         view = self._queue.view()
         priorities = np.asarray(self.policy.priorities(view, now), dtype=float)
-        row_keys = [self._queue.key_at(i) for i in range(len(view))]
         # Highest priority first; equal priorities in submission order. (Queue rows are not in
         # submission order: removal moves the last row into the hole. A plain reversed argsort
         # served ties last-submitted first, so FCFS admitted simultaneous arrivals backwards.)
@@ -70,8 +69,7 @@ class AdmissionStep:
         else:
             mask = (view.segment_index[order] == 0) | (eligible_from[order] <= now)
             rows = order[mask]
-        keys = [row_keys[i] for i in rows]
-        if not keys:
+        if not len(rows):
             self._record_overhead(started)
             if self._hook_admitted:
                 self.policy.on_admitted([], now)
@@ -84,20 +82,32 @@ class AdmissionStep:
                 self.policy.on_admitted([], now)
             return
         if self._candidate_aware:
-            admitted = self._admit_candidates(view, rows, keys, now, started)
+            admitted = self._admit_candidates(view, rows, self._queue.keys_at(rows), now,
+                                              started)
         else:
             self._record_overhead(started)
             admitted = []
-            for task_id in keys:
-                task = self.tasks[task_id]
+            # The running batch's budgets, built once per pass and extended by each admission
+            # (rebuilding them for every candidate cost O(batch) per candidate), and not at all
+            # for a controller that does not read them. The controller gets a copy: it may keep
+            # what it is given.
+            reads_running = self._admission.reads_running
+            budgets = self._running_budgets(now) if reads_running else []
+            rate = self._rate.rate
+            # Keys as of now (admissions reorder the rows), looked up only for the rows the walk
+            # reaches: it usually stops after a few of a queue that may hold thousands.
+            row_keys = self._queue.keys_column()
+            for row in rows.tolist():
+                task = self.tasks[row_keys[row]]
                 ok, _why = self._admission.may_admit(
-                    self._running_budgets(now), self._rate.rate, self._free_blocks(),
-                    self._blocks_needed(task))
+                    list(budgets), rate, self._free_blocks(), self._blocks_needed(task))
                 if not ok:
                     break
                 self._start(task, now)
                 self._admission.note_admission()
                 admitted.append(task.submit_index)
+                if reads_running and task.engine_request_id is not None:  # (it may be refused)
+                    budgets.append(self._budget_of(task, now))
         if admitted and self._gate is not None:
             self._gate.note_prefill()
         if self._hook_admitted:
@@ -114,24 +124,38 @@ class AdmissionStep:
         batch = self._batch_state(now)
         free = self._free_blocks()
         block_size = self.context.kv_block_size
-        # Copies (fancy indexing): admissions below reorder the queue's rows.
-        deadlines = view.reference_s[rows] + view.ert_s[rows]
+        # The candidates' columns as lists, in walk order, taken before admissions below
+        # reorder the queue's rows. A queued generation's row holds its context and bound
+        # (written when it was queued; neither changes while it waits), so the walk reads them
+        # here rather than recomputing them per candidate from the task (O(queue) per pass).
+        context = view.context_tokens[rows]
         bounds = view.bound_tokens[rows]
-        prefill = view.prefill_tokens[rows]
-        seg_index = view.segment_index[rows]
-        urgent = view.is_urgent[rows]
+        needs = (-(-(context + bounds) // block_size)).tolist()  # as _blocks_needed
+        deadlines = (view.reference_s[rows] + view.ert_s[rows]).tolist()
+        context, bounds = context.tolist(), bounds.tolist()
+        prefill = view.prefill_tokens[rows].tolist()
+        seg_index = view.segment_index[rows].tolist()
+        urgent = view.is_urgent[rows].tolist()
+        task_seq = view.task_seq[rows].tolist()
         admission = self._admission
         admission.begin_pass(AdmissionPass(now, view, rows, keys, list(batch), free, block_size,
                                            self._rate.rate))
         self._record_overhead(started)
         admitted = []
+        tasks, shared_of, paused = self.tasks, self._shared_of, self._paused
+        shortlist = admission.shortlist()
         for j, task_id in enumerate(keys):
-            task = self.tasks[task_id]
-            need = self._blocks_needed(task)
-            cand = Candidate(task_id, task.submit_index, context_of(task), int(bounds[j]),
-                             int(prefill[j]), need, float(deadlines[j]), bool(urgent[j]),
-                             int(seg_index[j]), task.spec.skill_set,
-                             self._shared_of.get(task_id, 0))
+            if shortlist is not None and task_id not in shortlist:
+                if admission.skip_refused:  # refused, nothing to displace for it
+                    continue
+                break
+            task = tasks[task_id]
+            need = needs[j]
+            if paused and task_id in paused:
+                need -= self._preserved_blocks(task, context[j])
+            cand = Candidate(task_id, task_seq[j], context[j], bounds[j], prefill[j], need,
+                             deadlines[j], urgent[j], seg_index[j], task.spec.skill_set,
+                             shared_of.get(task_id, 0))
             ok, _why = admission.may_admit_candidate(batch, cand, free)
             if not ok:
                 victims = admission.displacement_for(batch, cand, free)
@@ -179,23 +203,29 @@ class AdmissionStep:
         return free
 
     def _running_budgets(self, now: float) -> list[tuple[int, float, int]]:
+        return [self._budget_of(task, now) for task in self._running.values()]
+
+    def _budget_of(self, task: TaskRecord, now: float) -> tuple[int, float, int]:
         # (tokens so far, remaining budget, this generation's own segment bound): in a mixed
         # fleet a drone segment is bounded by 10 tokens, a chat one by 60.
-        return [(task.tokens_this_run, self._deadline_of(task, now) - now,
-                 self._run_bound.get(task.engine_request_id,
-                                     self._skill_set_of(task.spec).max_segment_tokens))
-                for task in self._running.values()]
+        bound = self._run_bound.get(task.engine_request_id)
+        if bound is None:
+            bound = self._skill_set_of(task.spec).max_segment_tokens
+        return task.tokens_this_run, self._deadline_of(task, now) - now, bound
 
     def _blocks_needed(self, task: TaskRecord) -> int:
         bs = self.context.kv_block_size
         context = context_of(task)
         tokens = context + bound_of(task, self._skill_set_of(task.spec))
-        need = -(-tokens // bs)
+        return -(-tokens // bs) - self._preserved_blocks(task, context)
+
+    def _preserved_blocks(self, task: TaskRecord, context: int) -> int:
+        """Blocks a preserved pause of `task` still holds in the engine (its full blocks)."""
         paused = self._paused.get(task.task_id)
         if paused is not None and paused[1] == PRESERVE:
             if self.engine.paused_handling(paused[0]) == PRESERVE:
-                need -= max(0, context - 1) // bs  # it still holds its full blocks
-        return need
+                return max(0, context - 1) // self.context.kv_block_size
+        return 0
 
     def _start(self, task: TaskRecord, now: float) -> None:
         self._queue.remove(task.queue_slot)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import TYPE_CHECKING, Collection, Protocol, Sequence
 
 import numpy as np
 
@@ -195,6 +195,10 @@ class AdmissionController(ABC):
     `running` holds (tokens so far, remaining time budget, segment bound) per running generation,
     `rate` the measured decode speed of one generation (tokens/s, None until measured)."""
 
+    # False: `may_admit` never looks at `running`, so the scheduler passes an empty batch rather
+    # than build the budgets of a running batch that may hold thousands of generations.
+    reads_running: bool = True
+
     @abstractmethod
     def may_admit(self, running: Sequence[tuple[int, float, int]], rate: float | None,
                   free_kv_blocks: int, blocks_needed: int) -> tuple[bool, str]:
@@ -216,6 +220,15 @@ class CandidateAdmission(AdmissionController):
 
     def begin_pass(self, admission_pass: AdmissionPass) -> None:
         """Once per admission pass, before the first candidate."""
+
+    def shortlist(self) -> Collection | None:
+        """After `begin_pass`: the keys this pass may admit, or None (default) for any. A
+        controller that chooses a set up front (BROS's per-iteration selection) names it here,
+        and the walk then treats every other candidate as refused with no displacement, without
+        building it: in overload the queue holds thousands of generations and only a handful
+        are chosen. `may_admit_candidate` must refuse, and `displacement_for` name nothing for,
+        a key outside the shortlist."""
+        return None
 
     @abstractmethod
     def may_admit_candidate(self, batch: Sequence[RunningGen], candidate: Candidate,

@@ -16,6 +16,7 @@ from timelyllm_ros.core.exec_model import ExecutionTimeModel
 from timelyllm_ros.core.sched.interface import (PauseInfo, Policy, SchedulerContext,
                                                 SchedulerListener, SegmentDispatch)
 from timelyllm_ros.core.sched.queue_view import QueueArrays, initial_row, suspended_row
+from timelyllm_ros.core.sched.report_deadlines import ReportDeadlines
 from timelyllm_ros.core.sched.robot_timeline import RobotTimelines
 from timelyllm_ros.core.sched.sizes import context_of, plan_budget
 from timelyllm_ros.core.skills.base import SkillCall, SkillSyntaxError
@@ -36,6 +37,7 @@ class OutputStep:
     pause_counts: dict[str, int]
     _queue: QueueArrays
     _robots: RobotTimelines
+    _deadlines: ReportDeadlines
     _running: dict[str, TaskRecord]
     _run_bound: dict[str, int]
     _paused: dict[str, tuple[str, str]]
@@ -115,7 +117,8 @@ class OutputStep:
             report_deadline_s=done + self.config.network_latency_s + max(
                 self.config.report_timeout_factor * estimate, self.config.report_timeout_min_s))
         task.segments.append(segment)
-        self._robots.dispatched(task.spec.robot_id, segment)
+        self._robots.dispatched(task.spec.robot_id, segment, owner=task)
+        self._deadlines.note(task)
         if segment.sequence == 0:
             task.response_time_s = arrive - task.spec.arrival_s
             task.utility = float(task.spec.tuf.utility(task.response_time_s))

@@ -175,6 +175,9 @@ class QueueArrays:
         self._n = 0
         self._cols: dict[str, np.ndarray] = {n: np.zeros(capacity, dt) for n, dt in COLUMNS}
         self._slot_of_row = np.zeros(capacity, np.int64)
+        # Each row's key, aligned with the rows (so an admission pass gets its keys in walk
+        # order with one fancy index instead of a Python loop over the queue).
+        self._key_of_row = np.full(capacity, None, dtype=object)
         self._row_of_slot: list[int] = []  # -1 for free slots
         self._free: list[int] = []
         self._key_of_slot: list[Hashable] = []
@@ -212,6 +215,7 @@ class QueueArrays:
         if key is not None:
             self._slot_of_key[key] = slot
         self._slot_of_row[i] = slot
+        self._key_of_row[i] = key
         self._n = i + 1
         self._view = None
         return slot
@@ -225,6 +229,8 @@ class QueueArrays:
             moved = int(self._slot_of_row[last])
             self._slot_of_row[i] = moved
             self._row_of_slot[moved] = i
+            self._key_of_row[i] = self._key_of_row[last]
+        self._key_of_row[last] = None
         self._row_of_slot[slot] = -1
         key = self._key_of_slot[slot]
         if key is not None:
@@ -264,6 +270,14 @@ class QueueArrays:
     def key_at(self, index: int) -> Hashable:
         return self._key_of_slot[self.slot_at(index)]
 
+    def keys_column(self) -> np.ndarray:
+        """The live rows' keys, aligned with the rows of `view()` (a copy)."""
+        return self._key_of_row[: self._n].copy()
+
+    def keys_at(self, rows: np.ndarray) -> list:
+        """Keys of the rows `rows` (row indices of the current view), in that order."""
+        return self._key_of_row[: self._n][rows].tolist()
+
     def key(self, slot: int) -> Hashable:
         self._row(slot)
         return self._key_of_slot[slot]
@@ -299,5 +313,8 @@ class QueueArrays:
         sor = np.zeros(new_cap, np.int64)
         sor[: self._n] = self._slot_of_row[: self._n]
         self._slot_of_row = sor
+        kor = np.full(new_cap, None, dtype=object)
+        kor[: self._n] = self._key_of_row[: self._n]
+        self._key_of_row = kor
         self._cap = new_cap
         self._view = None

@@ -34,8 +34,6 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterable
 
-import numpy as np
-
 from timelyllm_ros.core.engine.base import PAUSE_HANDLINGS, EngineAdapter, EngineRequest
 from timelyllm_ros.core.exec_model import ExecutionTimeModel
 from timelyllm_ros.core.lifecycle import TaskLifecycle
@@ -48,6 +46,7 @@ from timelyllm_ros.core.sched.interface import (AdmissionController, CandidateAd
                                                 TaskRejected)
 from timelyllm_ros.core.sched.outputs import OutputStep
 from timelyllm_ros.core.sched.queue_view import QueueArrays, initial_row
+from timelyllm_ros.core.sched.report_deadlines import ReportDeadlines
 from timelyllm_ros.core.sched.robot_timeline import RobotTimelines
 from timelyllm_ros.core.sched.sizes import bound_of, context_of, first_unreported, plan_budget
 from timelyllm_ros.core.skills.skillset import SkillSet
@@ -98,6 +97,8 @@ class SegmentScheduler(AdmissionStep, OutputStep):
         self.tasks: dict[str, TaskRecord] = {}
         # Non-terminal tasks, in submission order (every tick looks at them, never at old ones).
         self._active: dict[str, TaskRecord] = {}
+        # Their report deadlines, earliest first (see report_deadlines.py for why not a scan).
+        self._deadlines = ReportDeadlines(self._active)
         self._robots = RobotTimelines()
         self._finished_order: deque[str] = deque()
         self._submissions = itertools.count()
@@ -136,7 +137,6 @@ class SegmentScheduler(AdmissionStep, OutputStep):
         self.gate_holds = 0
         # Skill set -> [sum, count] of reported segment durations, and of estimates until then.
         self._seg_time: dict[str, list[float]] = {}
-        self._prompt_cache: dict[str, list[int]] = {}
         self.fetch_overhead_s: list[float] = []
         self.steps = 0
 
@@ -249,7 +249,11 @@ class SegmentScheduler(AdmissionStep, OutputStep):
                                        f"{sequence}: {message or 'no message'}", now)
             return
         # Everything still queued on this robot (any task) now starts from the reported finish.
-        self._robots.reschedule(task.spec.robot_id, finished_s, self.config.network_latency_s)
+        moved = self._robots.reschedule(task.spec.robot_id, finished_s,
+                                        self.config.network_latency_s)
+        self._deadlines.note(task)  # its next segment is now the one to wait for
+        for other in moved:
+            self._deadlines.note(other)
         if task.queue_slot is not None and task.queue_slot in self._queue:
             # The reported finish replaces the estimate as the suspended generation's reference.
             self._queue.update(task.queue_slot, reference_s=task.robot_free_at(now))
@@ -271,10 +275,9 @@ class SegmentScheduler(AdmissionStep, OutputStep):
     def next_timer_s(self) -> float | None:
         """Earliest time something happens without new input (report deadline, resume lead)."""
         times = []
-        for task in self._active.values():
-            segment = first_unreported(task)
-            if segment is not None:
-                times.append(segment.report_deadline_s)
+        deadline = self._deadlines.earliest()
+        if deadline is not None:
+            times.append(deadline)
         if self.config.resume_lead_s is not None and len(self._queue):
             view = self._queue.view()
             times.append(float((view.reference_s - self.config.resume_lead_s).min()))
@@ -349,9 +352,9 @@ class SegmentScheduler(AdmissionStep, OutputStep):
         # A robot executes its segments in order: only the first unreported one can be overdue.
         # (A later segment's deadline assumes the earlier ones finished as estimated; it is
         # re-estimated when they are reported, see RobotTimelines.reschedule.)
-        for task in list(self._active.values()):
+        for task in self._deadlines.overdue(now):
             s = first_unreported(task)
-            if s is not None and s.report_deadline_s < now:
+            if s is not None and s.report_deadline_s < now:  # (it is: still the same segment)
                 self._finish(task, "fail", (
                     f"robot {task.spec.robot_id} did not report segment {s.sequence} within "
                     f"{s.report_deadline_s - s.dispatched_s:.1f} s of dispatch (estimated execution "
@@ -410,12 +413,18 @@ class SegmentScheduler(AdmissionStep, OutputStep):
         shared = self._shared_prefix.get(skill_set.name)
         if shared is None:
             shared = self._shared_prefix[skill_set.name] = self._prompt_ids(skill_set, "")
-        n = min(len(shared), len(prompt_ids))
-        a = np.asarray(shared[:n])
-        b = np.asarray(prompt_ids[:n])
-        diff = np.flatnonzero(a != b)
-        common = int(diff[0]) if diff.size else n
-        return common // self.context.kv_block_size * self.context.kv_block_size
+        bs = self.context.kv_block_size
+        # The most whole blocks that both start with: a binary search over block counts, each
+        # probe a list comparison at C speed (prompts run to thousands of tokens, and this runs
+        # for every task).
+        lo, hi = 0, min(len(shared), len(prompt_ids)) // bs
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if prompt_ids[:mid * bs] == shared[:mid * bs]:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo * bs
 
     def _note_segment_time(self, skill_set: str, seconds: float, observed: bool) -> None:
         # [sum, count, observed?]: estimates only until the first report of the skill set.

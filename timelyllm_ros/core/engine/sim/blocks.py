@@ -34,6 +34,13 @@ def chained_block_hash(parent: int, block_tokens: Sequence[int]) -> int:
     return hash((parent, tuple(block_tokens)))
 
 
+def _blocks_of(tokens: Sequence[int], first: int, stop: int, block_size: int):
+    """Blocks `first` .. `stop - 1` of `tokens`, each a tuple of `block_size` tokens (stop must
+    not pass the last full block)."""
+    it = iter(tokens[first * block_size:stop * block_size])
+    return zip(*[it] * block_size)
+
+
 class _BlockPool:
     """Reference-counted KV blocks with a hash -> block prefix cache and an LRU free queue."""
 
@@ -56,6 +63,14 @@ class _BlockPool:
             del self.free[block]
         self.ref[block] += 1
 
+    def touch_all(self, blocks) -> None:
+        """`touch` each block, in order (one call for a prompt's hundreds of cached blocks)."""
+        ref, free = self.ref, self.free
+        for block in blocks:
+            if ref[block] == 0:
+                del free[block]
+            ref[block] += 1
+
     def allocate(self) -> int:
         block, _ = self.free.popitem(last=False)
         old = self.hash_of[block]
@@ -70,6 +85,14 @@ class _BlockPool:
         self.ref[block] -= 1
         if self.ref[block] == 0:
             self.free[block] = None
+
+    def release_all(self, blocks) -> None:
+        """`release` each block, in order."""
+        ref, free = self.ref, self.free
+        for block in blocks:
+            ref[block] -= 1
+            if ref[block] == 0:
+                free[block] = None
 
     def commit(self, block: int, block_hash: int) -> None:
         # An identical block computed twice keeps the first mapping, as vLLM does.
@@ -98,10 +121,13 @@ class PrefixCachedKv:
         """Leading cached blocks of the sequence; the last token is always recomputed for logits."""
         hits = []
         parent = _ROOT_HASH
-        bs = self._block_size
-        for start in range(0, (len(seq.tokens) - 1) // bs * bs, bs):
-            block_hash = chained_block_hash(parent, seq.tokens[start:start + bs])
-            block = self._pool.lookup(block_hash)
+        lookup = self._pool.cached.get  # _BlockPool.lookup, inlined: this runs per block
+        # hash((parent, block)) is chained_block_hash; the blocks are cut into tuples at C speed
+        # (a prompt of thousands of tokens is hundreds of blocks, looked up on every admission).
+        for block_tokens in _blocks_of(seq.tokens, 0, (len(seq.tokens) - 1) // self._block_size,
+                                       self._block_size):
+            block_hash = hash((parent, block_tokens))
+            block = lookup(block_hash)
             if block is None:
                 break
             hits.append((block, block_hash))
@@ -112,27 +138,30 @@ class PrefixCachedKv:
         """Give an admitted sequence its cached blocks and, after a swap pause, copy back the
         part of its host copy the cache no longer holds (`_swap_in_rest`, pauses.py). Returns
         (tokens computed, swap-in s)."""
-        for block, block_hash in hits:
-            self._pool.touch(block)
-            seq.blocks.append(block)
-            seq.block_hashes.append(block_hash)
+        blocks = [block for block, _ in hits]
+        self._pool.touch_all(blocks)
+        seq.blocks.extend(blocks)
+        seq.block_hashes.extend([block_hash for _, block_hash in hits])
         return self._swap_in_rest(seq, len(hits) * self._block_size)
 
     def _commit_full_blocks(self, seq: _Sequence) -> None:
         """Enter the blocks `seq` filled completely into the prefix cache."""
+        done = len(seq.block_hashes)
         full = seq.num_computed // self._block_size
-        bs = self._block_size
-        while len(seq.block_hashes) < full:
-            i = len(seq.block_hashes)
-            parent = seq.block_hashes[-1] if seq.block_hashes else _ROOT_HASH
-            block_hash = chained_block_hash(parent, seq.tokens[i * bs:(i + 1) * bs])
-            self._pool.commit(seq.blocks[i], block_hash)
-            seq.block_hashes.append(block_hash)
+        if done >= full:
+            return
+        hashes = seq.block_hashes
+        parent = hashes[-1] if hashes else _ROOT_HASH
+        commit = self._pool.commit
+        for i, block_tokens in enumerate(_blocks_of(seq.tokens, done, full, self._block_size),
+                                         start=done):
+            parent = hash((parent, block_tokens))  # chained_block_hash
+            commit(seq.blocks[i], parent)
+            hashes.append(parent)
 
     def _free_blocks(self, seq: _Sequence) -> None:
         # Tail blocks first, so the shared prefix is the last to be evicted (as in vLLM).
-        for block in reversed(seq.blocks):
-            self._pool.release(block)
+        self._pool.release_all(reversed(seq.blocks))
         seq.blocks.clear()
         seq.block_hashes.clear()
         seq.num_computed = 0

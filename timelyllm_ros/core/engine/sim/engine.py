@@ -282,7 +282,8 @@ class SimulatedEngine(PauseHandling, PrefixCachedKv, RequestQueues):
         else:
             hits = self._prefix_hits(seq)
             need_new = self._blocks_for(len(seq.tokens)) - len(hits)
-            reclaimed = sum(1 for b, _ in hits if self._pool.ref[b] == 0)
+            ref = self._pool.ref
+            reclaimed = sum(1 for b, _ in hits if ref[b] == 0)
         if need_new > self._pool.num_free() - reclaimed:
             return None
         return hits, need_new

@@ -17,15 +17,30 @@ class PieceTokenizer:
     """
 
     _PIECE = re.compile(r" ?[^\W\d_]+|\d{1,3}|\s+|.", re.DOTALL)
+    # Texts whose ids are remembered. A replay tokenizes the same few prompts (a skill set's
+    # instructions, thousands of characters each) and plan remainders for every task and every
+    # resumption; the ids of a text never change once its pieces have ids.
+    MEMO_TEXTS = 4096
 
     def __init__(self) -> None:
         self._id_of: dict[str, int] = {}
         self._pieces: list[str] = []
+        self._memo: dict[str, tuple[int, ...]] = {}
 
     def pieces(self, text: str) -> list[str]:
         return self._PIECE.findall(text)
 
     def tokenize(self, text: str) -> list[int]:
+        known = self._memo.get(text)
+        if known is not None:
+            return list(known)
+        ids = self._tokenize(text)
+        if len(self._memo) >= self.MEMO_TEXTS:
+            del self._memo[next(iter(self._memo))]  # the oldest
+        self._memo[text] = tuple(ids)
+        return ids
+
+    def _tokenize(self, text: str) -> list[int]:
         ids = []
         for piece in self._PIECE.findall(text):
             token = self._id_of.get(piece)

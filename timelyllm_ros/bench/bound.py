@@ -1,0 +1,210 @@
+"""An upper bound of every policy's utility on a run: each task served as if it were alone.
+
+For each task of the event list, its first segment is served on an idle, warm engine:
+
+    response = network latency
+             + prefill of its uncached prompt tokens (the skill set's shared prompt prefix is in the
+               prefix cache, as on a warm engine; the prompt's last token is always computed)
+             + decode of its first segment's tokens at batch size 1
+
+with the step costs of the run's engine profile (`EngineProfile`: the simulated engine's own cost
+model, chunked by its token budget exactly as the simulated engine charges a lone request), and
+the task's utility is its TUF of that response time. The first segment is what the skill
+set's language cuts from the trace's plan: tokens up to the first complete statement (the whole
+plan if it has one statement, cut at the task's token budget). No scheduling can give a task its
+first segment sooner, except by the prefix cache holding more of its prompt than the shared
+prefix (a task whose identical prompt ran before), which saves a few ms of prefill; that can put
+a task's response a few ms under its bound, and never moves utility except within a few ms of
+an ERT.
+
+The prompts are the replay's (the same padding, `bench.replay`), tokenized as the simulated
+engine does. On the real engine (`--engine vllm`) the bound uses the profile given with
+`--profile` (default: the simulated RTX 4090) and the simulated tokenizer, so it is only an
+estimate there.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from timelyllm_ros.bench.config import BenchConfig
+from timelyllm_ros.bench.metrics import compute_metrics
+# The replay's own skill sets (padding included), so that the bound sees the prompts it served.
+from timelyllm_ros.bench.replay import _replay_skill_sets
+from timelyllm_ros.bench.results import task_type
+from timelyllm_ros.core.engine.cost_model import EngineProfile
+from timelyllm_ros.core.engine.sim.engine import SimulatedEngine
+from timelyllm_ros.core.skills.skillset import SkillSet
+from timelyllm_ros.core.tuf import TufLevels, load_tuf_levels
+from timelyllm_ros.lrtrace.traces import Trace, load_traces
+from timelyllm_ros.lrtrace.workload import Event, Workload
+
+NAN = float("nan")
+
+
+@dataclass(frozen=True)
+class BoundTask:
+    """One task's first segment served alone (TaskResult-like for `bench.metrics`)."""
+
+    task_id: str
+    task_type: str
+    ert_s: float
+    prompt_tokens: int
+    uncached_tokens: int
+    first_segment_tokens: int
+    response_time_s: float
+    utility: float
+    waiting_time_s: float = NAN
+
+
+def alone_latency_s(profile: EngineProfile, prompt_tokens: int, cached_tokens: int,
+                    output_tokens: int) -> float:
+    """Engine time from admission until `output_tokens` tokens of a lone request are out, as the
+    simulated engine charges it: the uncached prompt in chunks of the step's token budget (every
+    step also pays the decode term of its one sequence), the first token with the last chunk,
+    then one decode step per further token at batch size 1."""
+    if output_tokens < 1:
+        raise ValueError(f"output_tokens must be >= 1, got {output_tokens}")
+    cached = max(0, min(cached_tokens, prompt_tokens - 1))
+    computed, left = cached, prompt_tokens - cached
+    budget = profile.max_num_batched_tokens
+    total = 0.0
+    while left > 0:
+        chunk = min(left, budget)
+        computed += chunk
+        left -= chunk
+        total += profile.step_s(chunk, 1, computed)
+    for _ in range(output_tokens - 1):
+        computed += 1
+        total += profile.decode_step_s(1, computed)
+    return total
+
+
+def first_segment_tokens(engine: SimulatedEngine, skill_set: SkillSet, plan: str,
+                         max_tokens: int) -> int:
+    """Tokens the simulated engine emits before the scheduler can dispatch the plan's first
+    segment: up to the first complete statement of the skill set's language, or the whole plan
+    (cut at `max_tokens`) when it ends first. 0 if the plan yields no segment at all."""
+    ids = engine.tokenize(plan)[:max(0, max_tokens)]
+    if not ids:
+        return 0
+    language = skill_set.language
+    ends, text = [], ""
+    for token in ids:
+        text += engine.decode([token])
+        ends.append(len(text))
+    # The boundary on the whole text, checked on the prefix that first contains it (a language
+    # that needs to see past a boundary to find it would disagree; then walk token by token).
+    end = language.next_boundary(text, 0)
+    if end is not None:
+        k = next((i for i, e in enumerate(ends) if e >= end), None)
+        if k is not None and language.next_boundary(text[:ends[k]], 0) == end:
+            return k + 1
+        for i, e in enumerate(ends):
+            if language.next_boundary(text[:e], 0) is not None:
+                return i + 1
+    tail = language.final_segment_end(text, 0)
+    return len(ids) if tail is not None and text[:tail].strip() else 0
+
+
+def upper_bound(events: Sequence[Event], workload: Workload, config: BenchConfig | None = None,
+                *, traces: Mapping[int, Trace] | None = None,
+                tuf_levels: TufLevels | None = None,
+                skill_sets: Mapping[str, SkillSet] | None = None,
+                **_run_kwargs: Any) -> list[BoundTask]:
+    """Every task of `events` served alone (module docstring). Takes the same arguments as
+    `bench.replay.run_policy` (the scenario's traces, TUF levels and skill sets); the others
+    (execution model, call durations) do not change a first response and are ignored."""
+    config = config or BenchConfig()
+    traces = traces if traces is not None else load_traces()
+    tuf_levels = tuf_levels if tuf_levels is not None else load_tuf_levels(config.tuf_levels_path)
+    skill_sets = _replay_skill_sets(events, traces, config, skill_sets)
+    profile = config.load_profile()
+    engine = SimulatedEngine(profile)  # its tokenizer and chat rendering; it never steps
+    latency = workload.network_latency_s if config.network_latency_s is None \
+        else config.network_latency_s
+    shared_prompt: dict[str, list[int]] = {}
+    sizes_of: dict[tuple[int, str], tuple[int, int, int]] = {}
+    out = []
+    for event in events:
+        for spec in event.tasks:
+            trace = traces[spec.trace_id]
+            instruction = _instruction(spec, trace)
+            sizes = sizes_of.get((trace.trace_id, instruction))
+            if sizes is None:
+                sizes = sizes_of[trace.trace_id, instruction] = _sizes(
+                    engine, skill_sets[trace.skill_set], trace, instruction, shared_prompt)
+            prompt, cached, n_first = sizes
+            tuf = tuf_levels.get(spec.tuf_level)
+            if n_first:
+                response = latency + alone_latency_s(profile, prompt, cached, n_first)
+                utility = float(tuf.utility(response))
+            else:
+                response = utility = NAN
+            out.append(BoundTask(
+                task_id=f"t{spec.task_id:05d}", task_type=task_type(trace.category, spec.tuf_level),
+                ert_s=tuf.ert_s, prompt_tokens=prompt, uncached_tokens=prompt - cached,
+                first_segment_tokens=n_first, response_time_s=response, utility=utility))
+    return out
+
+
+def _instruction(spec: Any, trace: Trace) -> str:
+    """The instruction the planner receives for this task: the trace's, plus the task's own
+    context where the event list gives it one (`TaskSpec.instruction_for`)."""
+    instruction_for = getattr(spec, "instruction_for", None)
+    return instruction_for(trace) if instruction_for is not None else trace.instruction
+
+
+def _sizes(engine: SimulatedEngine, skill_set: SkillSet, trace: Trace, instruction: str,
+           shared_prompt: dict[str, list[int]]) -> tuple[int, int, int]:
+    """(prompt tokens, of them served from the warm prefix cache, first-segment tokens)."""
+    ids = engine.render_chat(skill_set.render_messages(instruction))
+    fixed = shared_prompt.get(skill_set.name)
+    if fixed is None:  # what `SegmentScheduler.warm_prefix_cache` prefills at start-up
+        fixed = shared_prompt[skill_set.name] = engine.render_chat(skill_set.render_messages(""))
+    common = 0
+    for a, b in zip(ids, fixed):
+        if a != b:
+            break
+        common += 1
+    block = engine.profile.kv_block_size
+    cached = min(common, len(ids) - 1) // block * block
+    budget = skill_set.max_plan_tokens if trace.max_plan_tokens is None \
+        else min(skill_set.max_plan_tokens, trace.max_plan_tokens)
+    return len(ids), cached, first_segment_tokens(engine, skill_set, trace.plan, budget)
+
+
+def bound_block(tasks: Sequence[BoundTask]) -> dict[str, Any]:
+    """The bound as the results document reports it: the paper's metrics over the bound's tasks
+    (`overall`, `by_type`; no waiting time: the bound has no robots) and its inputs in mean."""
+    metrics = compute_metrics(tasks)
+    del metrics["scheduling_overhead_ms"]
+    n = len(tasks) or 1
+    metrics["tasks"] = len(tasks)
+    metrics["tasks_without_response"] = sum(1 for t in tasks
+                                            if not math.isfinite(t.response_time_s))
+    metrics["uncached_prompt_tokens_mean"] = sum(t.uncached_tokens for t in tasks) / n
+    metrics["first_segment_tokens_mean"] = sum(t.first_segment_tokens for t in tasks) / n
+    return metrics
+
+
+def fraction_of_bound(utility: float | None, bound_utility: float | None) -> float:
+    """A policy's mean utility as a fraction of the bound's (NaN when the bound is not > 0)."""
+    if utility is None or bound_utility is None:
+        return NAN
+    if not (math.isfinite(utility) and math.isfinite(bound_utility)) or bound_utility <= 0:
+        return NAN
+    return utility / bound_utility
+
+
+def add_bound(doc: dict[str, Any], tasks: Iterable[BoundTask]) -> dict[str, Any]:
+    """Put the bound into a results document: `doc["bound"]`, and each policy's overall
+    `utility_fraction_of_bound`."""
+    doc["bound"] = bound_block(list(tasks))
+    bound_u = doc["bound"]["overall"]["utility_mean"]
+    for metrics in doc["policies"].values():
+        metrics["utility_fraction_of_bound"] = fraction_of_bound(
+            metrics["overall"]["utility_mean"], bound_u)
+    return doc
