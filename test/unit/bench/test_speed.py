@@ -1,0 +1,39 @@
+"""The bench-speed benchmark (bench/speed.py) runs and reports figures; it times nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from timelyllm_ros.bench import speed
+
+
+def test_measure_reports_positive_figures_per_config_and_policy():
+    rows = speed.measure(policies=("vllm-stream", "timelyllm"), duration_s=2.0)
+    assert [(r.config, r.policy) for r in rows] == [
+        ("modern", "vllm-stream"), ("modern", "timelyllm"),
+        ("paper", "vllm-stream"), ("paper", "timelyllm")]
+    for r in rows:
+        assert r.tasks > 0 and r.steps > 0 and r.clock_s > 0 and r.wall_s > 0
+        assert r.tasks_per_wall_s > 0
+    # Same events for every run.
+    assert len({r.tasks for r in rows}) == 1
+
+
+def test_configurations_are_the_modern_and_the_paper_one():
+    modern, paper = speed.bench_config("modern"), speed.bench_config("paper")
+    assert modern.prompt_tokens is None and modern.baseline_prefix_cache
+    assert paper.prompt_tokens == 2884 and not paper.baseline_prefix_cache
+    with pytest.raises(ValueError, match="config"):
+        speed.bench_config("fast")
+
+
+def test_main_prints_a_row_per_run(capsys):
+    assert speed.main(["--duration-s", "2", "--policies", "vllm-stream",
+                       "--config", "modern"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "workload mixed-30tps, first 2 s"
+    assert out[1].split() == ["config", "policy", "tasks", "clock_s", "steps", "wall_s",
+                              "tasks/wall_s"]
+    assert out[2].split()[:2] == ["modern", "vllm-stream"]
+    with pytest.raises(SystemExit):
+        speed.main(["--config", "fastest"])

@@ -1,0 +1,115 @@
+"""How fast the simulated bench replays: wall-clock seconds per policy on an overloaded workload.
+
+    python -m timelyllm_ros.bench.speed [--workload mixed-30tps] [--policies ...]
+                                        [--config modern,paper] [--duration-s S]
+
+A load sweep (issue 11) replays a workload at up to 16 times its rate, so the bench must keep up
+with overload: thousands of queued generations and active tasks. This replays the `mixed-30tps`
+preset (the drone and arm fleet at ~30 tasks/s for 200 s, ~6,200 tasks) per policy and prints,
+for each, the tasks, the virtual time it covered, the engine steps, the wall-clock seconds and
+tasks per wall-clock second. It prints figures only; it asserts nothing about them (a shared
+2-core machine is too noisy for a timed test). docs/bench.md, "Bench speed", has the figures
+before and after the profile-guided fixes.
+
+Configurations: `modern` is `--prompt-tokens none --baseline-prefix-cache on` (the skill sets'
+own prompts, prefix caching for every policy); `paper` is the paper's configuration (2,884-token
+prompts, baselines without prefix caching; the bench's defaults when this was written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+from timelyllm_ros.bench.config import PAPER_PROMPT_TOKENS, BenchConfig
+from timelyllm_ros.bench.replay import run_policy
+from timelyllm_ros.bench.workloads import load_workload_events
+
+DEFAULT_WORKLOAD = "mixed-30tps"
+DEFAULT_POLICIES = ("vllm-stream", "timelyllm", "timelyllm-bros")
+CONFIGS = ("modern", "paper")
+
+
+@dataclass(frozen=True)
+class SpeedRow:
+    config: str
+    policy: str
+    tasks: int
+    clock_s: float  # virtual time the replay covered
+    steps: int      # engine steps
+    wall_s: float   # wall-clock seconds of the replay (events composed beforehand)
+
+    @property
+    def tasks_per_wall_s(self) -> float:
+        return self.tasks / self.wall_s if self.wall_s > 0 else float("inf")
+
+
+def bench_config(name: str) -> BenchConfig:
+    if name == "modern":
+        return BenchConfig(prompt_tokens=None, baseline_prefix_cache=True)
+    if name == "paper":
+        return BenchConfig(prompt_tokens=PAPER_PROMPT_TOKENS, baseline_prefix_cache=False)
+    raise ValueError(f"config: must be one of {', '.join(CONFIGS)}, got {name!r}")
+
+
+def measure(workload: str = DEFAULT_WORKLOAD, policies: Sequence[str] = DEFAULT_POLICIES,
+            configs: Sequence[str] = CONFIGS, duration_s: float | None = None,
+            on_row=None) -> list[SpeedRow]:
+    """Replay `workload` once per (configuration, policy) and time each replay. `on_row(row)` is
+    called as each one ends."""
+    spec, events = load_workload_events(workload, None, duration_s)
+    rows = []
+    for config_name in configs:
+        config = bench_config(config_name)
+        for policy in policies:
+            started = time.perf_counter()
+            result = run_policy(events, policy, spec, config)
+            row = SpeedRow(config_name, policy, len(result.tasks), result.clock_s, result.steps,
+                           time.perf_counter() - started)
+            rows.append(row)
+            if on_row is not None:
+                on_row(row)
+    return rows
+
+
+HEADER = (f"{'config':<8} {'policy':<16} {'tasks':>6} {'clock_s':>8} {'steps':>7} "
+          f"{'wall_s':>7} {'tasks/wall_s':>12}")
+
+
+def format_row(row: SpeedRow) -> str:
+    return (f"{row.config:<8} {row.policy:<16} {row.tasks:>6} {row.clock_s:>8.1f} "
+            f"{row.steps:>7} {row.wall_s:>7.1f} {row.tasks_per_wall_s:>12.1f}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m timelyllm_ros.bench.speed",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", default=DEFAULT_WORKLOAD,
+                        help=f"preset or workload file (default: {DEFAULT_WORKLOAD})")
+    parser.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
+                        help=f"comma-separated (default: {','.join(DEFAULT_POLICIES)})")
+    parser.add_argument("--config", default=",".join(CONFIGS),
+                        help="comma-separated: modern (--prompt-tokens none "
+                             "--baseline-prefix-cache on), paper (--prompt-tokens 2884 "
+                             "--baseline-prefix-cache off); default: both")
+    parser.add_argument("--duration-s", type=float, default=None,
+                        help="replay only the first S seconds of the workload")
+    args = parser.parse_args(argv)
+    configs = [c.strip() for c in args.config.split(",") if c.strip()]
+    for name in configs:
+        if name not in CONFIGS:
+            parser.error(f"--config: must be among {', '.join(CONFIGS)}, got {name!r}")
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    print(f"workload {args.workload}"
+          + (f", first {args.duration_s:g} s" if args.duration_s is not None else ""))
+    print(HEADER)
+    measure(args.workload, policies, configs, args.duration_s,
+            on_row=lambda row: print(format_row(row), flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
