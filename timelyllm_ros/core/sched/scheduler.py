@@ -95,7 +95,7 @@ class SegmentScheduler(AdmissionStep, OutputStep):
         self.listener = listener
         self.config = config or SchedulerConfig()
         self.tasks: dict[str, TaskRecord] = {}
-        # Non-terminal tasks, in submission order (every tick looks at them, never at old ones).
+        # Non-terminal tasks, in submission order.
         self._active: dict[str, TaskRecord] = {}
         # Their report deadlines, earliest first (see report_deadlines.py for why not a scan).
         self._deadlines = ReportDeadlines(self._active)
@@ -351,10 +351,11 @@ class SegmentScheduler(AdmissionStep, OutputStep):
     def _expire_reports(self, now: float) -> None:
         # A robot executes its segments in order: only the first unreported one can be overdue.
         # (A later segment's deadline assumes the earlier ones finished as estimated; it is
-        # re-estimated when they are reported, see RobotTimelines.reschedule.)
+        # re-estimated when they are reported, see RobotTimelines.reschedule.) The heap finds
+        # them without a scan of every active task, in the order such a scan would.
         for task in self._deadlines.overdue(now):
             s = first_unreported(task)
-            if s is not None and s.report_deadline_s < now:  # (it is: still the same segment)
+            if s is not None and s.report_deadline_s < now:  # (true: nothing moved it since)
                 self._finish(task, "fail", (
                     f"robot {task.spec.robot_id} did not report segment {s.sequence} within "
                     f"{s.report_deadline_s - s.dispatched_s:.1f} s of dispatch (estimated execution "
