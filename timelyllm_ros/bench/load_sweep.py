@@ -13,6 +13,7 @@ import math
 from dataclasses import replace
 from typing import Any, Callable, Mapping, Sequence
 
+from timelyllm_ros.bench.metrics import format_cell
 from timelyllm_ros.bench.bound import bound_block, fraction_of_bound, upper_bound
 from timelyllm_ros.bench.config import BenchConfig
 from timelyllm_ros.bench.metrics import compute_metrics
@@ -139,13 +140,8 @@ def _prefixed(progress_factory: Callable[[str], ProgressFn] | None,
 
 
 def _cell(value: Any, how: str) -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "-"
-    if how == "ms":
-        return f"{value * 1e3:.0f}"
-    if how == "pct":
-        return f"{value * 100:.1f}"
-    return f"{value:.3f}"
+    # The sweep table's cells: utilities to 3 decimals, times in whole milliseconds.
+    return format_cell(value, "{:.3f}" if how == "u" else how, ms_digits=0)
 
 
 def load_sweep_rows(sweep: Mapping[str, Any]) -> tuple[list[str], list[list[str]]]:

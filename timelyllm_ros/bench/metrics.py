@@ -104,11 +104,13 @@ _COLUMNS = (
 )
 
 
-def _fmt(value: Any, how: str) -> str:
+def format_cell(value: Any, how: str, ms_digits: int = 1) -> str:
+    """One table cell: "-" for a missing or non-finite value; "ms" seconds as milliseconds,
+    "pct" a rate as a percentage, otherwise `how` is a format string."""
     if value is None or (isinstance(value, float) and not math.isfinite(value)):
         return "-"
     if how == "ms":
-        return f"{value * 1e3:.1f}"
+        return f"{value * 1e3:.{ms_digits}f}"
     if how == "pct":
         return f"{value * 100:.1f}"
     return how.format(value)
@@ -123,12 +125,12 @@ def format_table(doc: Mapping[str, Any]) -> str:
     header = ["policy", "type", *(c[1] for c in _COLUMNS), *extra]
 
     def cells(bucket: Mapping[str, Any]) -> list[str]:
-        return [_fmt(bucket.get(k), how) for k, _, how in _COLUMNS]
+        return [format_cell(bucket.get(k), how) for k, _, how in _COLUMNS]
 
     rows = []
     for name, m in doc["policies"].items():
         rows.append([name, "overall", *cells(m["overall"]),
-                     *([_fmt(m.get("utility_fraction_of_bound"), "{:.3f}")] if extra else [])])
+                     *([format_cell(m.get("utility_fraction_of_bound"), "{:.3f}")] if extra else [])])
         for tname, bucket in m["by_type"].items():
             rows.append(["", tname, *cells(bucket), *([""] if extra else [])])
         rows.append(["", "sched overhead", f"{m['scheduling_overhead_ms']:.3f} ms/fetch",
