@@ -75,7 +75,8 @@ def run_bench(args: list[str]) -> dict[str, Any]:
     cli_main = entry_points(group="console_scripts")["timelyllm"].load()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
-        argv = ["bench", *args, "--policies", ",".join(POLICIES), "--no-progress",
+        # Recorded before the modern configuration became the default: the paper's.
+        argv = ["bench", *args, "--paper-config", "--policies", ",".join(POLICIES), "--no-progress",
                 "--json", str(out)]
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             status = cli_main(argv)

@@ -22,15 +22,17 @@ ROBOT_MODES = ("queue", "parallel")
 # - TimelyLLM's g is the paper's profiled 90 ms (the policy's default);
 # - every policy runs with its own admission: latency-guided (§4.4) for timelyllm*, KV blocks only
 #   for the others; `segmented_batch_cap=N` caps the segmented policies instead;
-# - prompts are padded to the paper's 2884 tokens (simulated engine) and the vllm / vllm-stream
-#   baselines run without automatic prefix caching, as vLLM did by default in 2024.
+# - the configuration a user runs today: the skill sets' own prompts (plus each task's own
+#   context) and prefix caching for every policy, baselines included. The paper's 2024
+#   configuration (`timelyllm bench --paper-config`): prompts padded to 2884 tokens (simulated
+#   engine) and the vllm / vllm-stream baselines without automatic prefix caching.
 DEFAULT_RESUME_LEAD_S: float | None = None
 DEFAULT_GEN_TIME_S: float | None = None  # None = the policy's own default (0.09 s)
 DEFAULT_SEGMENTED_BATCH_CAP: int | None = None
 # Prompt length of the paper's latency profile (Table 1: first token 328 ms for 2884 tokens).
 PAPER_PROMPT_TOKENS = 2884
-DEFAULT_PROMPT_TOKENS: int | None = PAPER_PROMPT_TOKENS
-DEFAULT_BASELINE_PREFIX_CACHE = False
+DEFAULT_PROMPT_TOKENS: int | None = None
+DEFAULT_BASELINE_PREFIX_CACHE = True
 
 
 def default_profile_path() -> Path:
@@ -55,7 +57,8 @@ class BenchConfig:
     # None = the policy's own admission. Whole / stream policies (vllm, vllm-stream) are never
     # capped unless batch_cap is set: plain vLLM admits whatever fits in the KV cache.
     segmented_batch_cap: int | None = DEFAULT_SEGMENTED_BATCH_CAP
-    # False (default, the paper's configuration): the whole / stream baselines run without
+    # True (default): every policy keeps vLLM's automatic prefix caching. False (the paper's
+    # configuration): the whole / stream baselines run without
     # automatic prefix caching, as vLLM V0 ran by default (enable_prefix_caching=False) when the
     # paper was written; every prompt is then prefilled in full. Segmented policies always keep
     # the cache (resuming a generation depends on it). Simulated engine: `NoPrefixCacheEngine`;
@@ -63,7 +66,7 @@ class BenchConfig:
     baseline_prefix_cache: bool = DEFAULT_BASELINE_PREFIX_CACHE
     # Simulated engine: pad every skill set's prompt with a fixed preamble so that the shortest
     # prompt of the workload has this many tokens (default: the paper's 2884); None = the skill
-    # sets' own prompts (~420 tokens for drones). Ignored by the real engine (its model and
+    # sets' own prompts (~420 tokens for drones; the default). Ignored by the real engine (its model and
     # context are whatever --model is); see `effective_prompt_tokens`.
     prompt_tokens: int | None = DEFAULT_PROMPT_TOKENS
     resume_lead_s: float | None = DEFAULT_RESUME_LEAD_S
@@ -101,6 +104,14 @@ class BenchConfig:
                 raise ValueError(f"{key}: must be an integer >= 1 or None, got {value!r}")
         if self.resume_lead_s is not None and not self.resume_lead_s >= 0:
             raise ValueError(f"resume_lead_s: must be >= 0, got {self.resume_lead_s}")
+
+    @classmethod
+    def paper(cls, **overrides: Any) -> "BenchConfig":
+        """The paper's 2024 configuration (`timelyllm bench --paper-config`): prompts padded to
+        2884 tokens and baselines without prefix caching."""
+        fields_ = {"prompt_tokens": PAPER_PROMPT_TOKENS, "baseline_prefix_cache": False}
+        fields_.update(overrides)
+        return cls(**fields_)
 
     @property
     def effective_prompt_tokens(self) -> int | None:

@@ -4,7 +4,7 @@
         |                 |  ^               |     ^                                  |
       reject              |  +-- preempt ----+     |                              complete
         v                 |                  |     |                                  v
-    rejected              |               suspend  admit                            done
+    rejected <--shed------+               suspend  admit                            done
                           |                  v     |
                           +---(admit)---- suspended
 
@@ -35,6 +35,8 @@ _NON_TERMINAL = [s for s in STATES if s not in TERMINAL_STATES]
 TRANSITIONS = [
     {"trigger": "accept", "source": "received", "dest": "queued"},
     {"trigger": "reject", "source": "received", "dest": "rejected"},
+    # Overload: a queued task whose utility can no longer be positive is refused (Policy.hopeless).
+    {"trigger": "shed", "source": "queued", "dest": "rejected"},
     {"trigger": "admit", "source": ["queued", "suspended"], "dest": "generating"},
     {"trigger": "suspend", "source": "generating", "dest": "suspended"},
     {"trigger": "preempt", "source": "generating", "dest": "queued"},

@@ -44,7 +44,7 @@ def small():
 @pytest.fixture(scope="module")
 def small_runs(small):
     workload, events = small
-    return {p: run_policy(events, p, workload, BenchConfig()) for p in ("vllm", "timelyllm")}
+    return {p: run_policy(events, p, workload, BenchConfig.paper()) for p in ("vllm", "timelyllm")}
 
 
 # ------------------------------------------------------------------ end to end
@@ -61,7 +61,16 @@ def test_timelyllm_beats_vllm_on_utility(small_runs):
         by["vllm"]["drone-normal"]["utility_mean"] - 1e-9
 
 
-def test_defaults_are_the_papers_configuration(small_runs):
+def test_defaults_are_the_modern_configuration(small):
+    workload, events = small
+    cfg = BenchConfig()
+    assert cfg.prompt_tokens is None and cfg.baseline_prefix_cache is True
+    run = run_policy(events[:3], "vllm-stream", workload, cfg)
+    assert run.config["engine_prefix_cache"] is True
+    assert run.config["prompt_tokens_min"] < 500  # the drone skill set's own prompt
+
+
+def test_paper_config_is_the_papers_configuration(small_runs):
     vllm, tl = small_runs["vllm"].config, small_runs["timelyllm"].config
     # 2884-token prompts; the baseline without prefix caching, TimelyLLM with it; TimelyLLM uses
     # its own latency-guided admission (no cap).
@@ -158,7 +167,7 @@ def test_real_engine_baseline_without_prefix_cache(monkeypatch):
 
 def test_same_seed_same_results(small, small_runs):
     workload, events = small
-    again = run_policy(events, "timelyllm", workload, BenchConfig())
+    again = run_policy(events, "timelyllm", workload, BenchConfig.paper())
     first = small_runs["timelyllm"]
 
     def key(run):

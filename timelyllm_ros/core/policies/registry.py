@@ -22,14 +22,16 @@ from typing import Any, Callable, Mapping
 
 from timelyllm_ros.core.policies.builtin import (EdfPolicy, FcfsPolicy, PriorityClassPolicy,
                                                   TimelyPolicy)
+from timelyllm_ros.core.policies.work_conserving import WorkConservingTimelyPolicy
 from timelyllm_ros.core.sched.interface import Policy
 from timelyllm_ros.core.policies.priority import slack_scaling_names
 
 ENTRY_POINT_GROUP = "timelyllm_ros.policies"
 
 # The planner's default policy (the ROS planner node's `policy` parameter, config/planner.yaml),
-# and what `--policies default` names in the bench. A plug-in (papers.bros); only its name is here.
-DEFAULT_POLICY = "timelyllm-bros"
+# and what `--policies default` names in the bench: work-conserving TimelyLLM
+# (core/policies/work_conserving.py; docs/bench.md, "The modern comparison").
+DEFAULT_POLICY = "timelyllm-wc"
 
 PolicyFactory = Callable[..., Policy]
 
@@ -108,5 +110,7 @@ _builtin("vllm-priority", PriorityClassPolicy)
 _builtin("fcfs-seg", FcfsPolicy, dispatch="segment")
 _builtin("edf-seg", EdfPolicy, dispatch="segment")
 _builtin("timelyllm", TimelyPolicy, slack_scaling="max_slack_g")
+_builtin("timelyllm-wc", WorkConservingTimelyPolicy)
+_builtin("timelyllm-wc-serve", WorkConservingTimelyPolicy, hopeless="serve")
 for _scaling in slack_scaling_names():
     _builtin(f"timelyllm-{_scaling}", TimelyPolicy, slack_scaling=_scaling)

@@ -305,6 +305,9 @@ class _CappedCandidateAdmission(CandidateAdmission):
     def displacement_for(self, batch, candidate, free_kv_blocks) -> list[str]:
         return self.inner.displacement_for(batch, candidate, free_kv_blocks)
 
+    def yield_below(self, running, now, rate):
+        return self.inner.yield_below(running, now, rate)
+
     def note_admission(self) -> None:
         self.inner.note_admission()
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -27,6 +28,16 @@ from timelyllm_ros.core.skills.skillset import SkillSet
 from timelyllm_ros.core.task import TaskRecord
 
 log = logging.getLogger("timelyllm.scheduler")
+
+
+@dataclass
+class Contention:
+    """The last admission pass left eligible generations waiting: the best refused one's
+    priority, and how many were refused. A running generation of lower priority is worth
+    suspending at its next segment boundary (`Policy.suspend_when == "contended"`)."""
+
+    best_refused_priority: float
+    refused: int
 
 
 class AdmissionStep:
@@ -49,11 +60,28 @@ class AdmissionStep:
     _shared_of: dict[str, int]
     _hook_admitted: bool
     _hook_service_class: bool
+    _contention: "Contention | None"
 
     def _admit(self, now: float) -> None:
+        self._contention = None
+        self._admit_queued(now)
+        if self._running and self._candidate_aware and self.policy.suspend_when == "contended":
+            bar = self._admission.yield_below(self._batch_state(now), now, self._rate.rate)
+            if bar is not None:
+                c = self._contention
+                self._contention = Contention(
+                    bar if c is None else max(bar, c.best_refused_priority),
+                    len(self._running) + (0 if c is None else c.refused))
+
+    def _admit_queued(self, now: float) -> None:
         if not len(self._queue):
             return
         started = time.perf_counter()
+        if self.policy.hopeless == "shed":
+            self._shed_hopeless(now)
+            if not len(self._queue):
+                self._record_overhead(started)
+                return
         view = self._queue.view()
         priorities = np.asarray(self.policy.priorities(view, now), dtype=float)
         # Highest priority first; equal priorities in submission order. (Queue rows are not in
@@ -77,13 +105,14 @@ class AdmissionStep:
         if self._gate is not None and self._gate.decide(
                 view.prefill_tokens[rows], len(self._running)) != "prefill":
             self.gate_holds += 1
+            self._contention = Contention(float(priorities[rows[0]]), len(rows))
             self._record_overhead(started)
             if self._hook_admitted:
                 self.policy.on_admitted([], now)
             return
         if self._candidate_aware:
             admitted = self._admit_candidates(view, rows, self._queue.keys_at(rows), now,
-                                              started)
+                                              started, priorities)
         else:
             self._record_overhead(started)
             admitted = []
@@ -97,11 +126,13 @@ class AdmissionStep:
             # Keys as of now (admissions reorder the rows), looked up only for the rows the walk
             # reaches: it usually stops after a few of a queue that may hold thousands.
             row_keys = self._queue.keys_column()
-            for row in rows.tolist():
+            walk = rows.tolist()
+            for i, row in enumerate(walk):
                 task = self.tasks[row_keys[row]]
                 ok, _why = self._admission.may_admit(
                     list(budgets), rate, self._free_blocks(), self._blocks_needed(task))
                 if not ok:
+                    self._contention = Contention(float(priorities[row]), len(walk) - i)
                     break
                 self._start(task, now)
                 self._admission.note_admission()
@@ -113,13 +144,33 @@ class AdmissionStep:
         if self._hook_admitted:
             self.policy.on_admitted(admitted, now)
 
+    def _shed_hopeless(self, now: float) -> None:
+        """Refuse every queued first segment whose utility can no longer be positive: whenever it
+        is served, its response comes after the TUF's cut-off (arrival + ERT + U0/k). It counts
+        as answered now, by the refusal, with the utility its TUF gives now (<= 0)."""
+        view = self._queue.view()
+        first = view.segment_index == 0
+        if not first.any():
+            return
+        cutoff = view.arrival_s + view.task_ert_s + view.initial_utility / view.slope
+        hopeless = np.flatnonzero(first & (cutoff <= now))
+        for key in self._queue.keys_at(hopeless):
+            task = self.tasks[key]
+            waited = now - task.spec.arrival_s
+            task.response_time_s = waited + self.config.network_latency_s
+            task.utility = float(task.spec.tuf.utility(task.response_time_s))
+            self.shed += 1
+            self._finish(task, "shed", (
+                f"overload: shed after waiting {waited:.2f} s in the queue; its utility can no "
+                f"longer be positive (cut-off {task.spec.tuf.cutoff_s:.2f} s after arrival)"), now)
+
     def _record_overhead(self, started: float) -> None:
         self.fetch_overhead_s.append(time.perf_counter() - started)
         if len(self.fetch_overhead_s) > 2 * self.config.overhead_history:
             del self.fetch_overhead_s[:-self.config.overhead_history]
 
     def _admit_candidates(self, view: QueueView, rows: np.ndarray, keys: list, now: float,
-                          started: float) -> list[int]:
+                          started: float, priorities: np.ndarray) -> list[int]:
         """The admission walk for candidate-aware controllers (MC-SF look-ahead, BROS, ...)."""
         batch = self._batch_state(now)
         free = self._free_blocks()
@@ -167,6 +218,9 @@ class AdmissionStep:
                     free = self._free_blocks()
                     ok, _why = admission.may_admit_candidate(batch, cand, free)
             if not ok:
+                if self._contention is None:
+                    self._contention = Contention(float(priorities[rows[j]]), 0)
+                self._contention.refused += 1
                 if admission.skip_refused:
                     continue
                 break
@@ -175,7 +229,7 @@ class AdmissionStep:
             if task.engine_request_id is not None:
                 batch.append(RunningGen(task_id, cand.context_tokens, 0, cand.bound_tokens,
                                         cand.deadline_s, cand.is_urgent, cand.skill_set,
-                                        cand.shared_tokens))
+                                        cand.shared_tokens, cand.segment_index))
                 free -= need
             admitted.append(task.submit_index)
         return admitted
@@ -186,7 +240,7 @@ class AdmissionStep:
             out.append(RunningGen(task.task_id, context_of(task), task.tokens_this_run,
                                   self._run_bound.get(rid, 0), self._deadline_of(task, now),
                                   task.spec.is_urgent, task.spec.skill_set,
-                                  self._shared_of.get(task.task_id, 0)))
+                                  self._shared_of.get(task.task_id, 0), len(task.segments)))
         return out
 
     def _deadline_of(self, task: TaskRecord, now: float) -> float:

@@ -32,6 +32,16 @@ if TYPE_CHECKING:
 # stream:  dispatch each statement as soon as it is complete, but never pause the generation.
 # segment: suspend the generation at each segment boundary until the scheduler resumes it.
 DISPATCH_MODES = ("whole", "stream", "segment")
+# When a "segment" policy suspends a generation at a segment boundary:
+# always:    at every boundary (the paper's TimelyLLM);
+# contended: only when the last admission pass refused a queued generation that ranks above it
+#            (work-conserving: otherwise it keeps generating and dispatches like streaming).
+SUSPEND_RULES = ("always", "contended")
+# What the scheduler does with a queued first segment whose utility can no longer be positive
+# (now >= arrival + ERT + U0/k: whenever it is served, U <= 0):
+# serve: nothing special (the policy's order decides; PUD policies rank it last);
+# shed:  reject it at once with a reason; it counts as a response at that moment (U <= 0, a miss).
+HOPELESS_RULES = ("serve", "shed")
 
 
 class TaskRejected(FieldError):
@@ -135,6 +145,8 @@ class RunningGen:
     # prefix cache stores once for all generations of `skill_set`).
     skill_set: str = ""
     shared_tokens: int = 0
+    # Index of the segment it is generating: 0 = the task's first (its response), else a resume.
+    segment_index: int = 0
 
     @property
     def remaining_tokens(self) -> int:
@@ -241,6 +253,14 @@ class CandidateAdmission(AdmissionController):
         "yield blocks from best-effort work"); each is aborted and queued again."""
         return []
 
+    def yield_below(self, running: Sequence[RunningGen], now: float,
+                    rate: float | None) -> float | None:
+        """After each admission pass, given the running batch: a priority such that running
+        generations ranking below it (were they queued now) should be suspended at their next
+        segment boundary, because the batch is too large for the work above it; None (default)
+        for no such request. Called only for policies with `suspend_when == "contended"`."""
+        return None
+
     def may_admit(self, running, rate, free_kv_blocks, blocks_needed):
         raise TypeError(f"{type(self).__name__} admits candidates: the scheduler calls "
                         "may_admit_candidate")
@@ -296,11 +316,19 @@ class Policy:
     # Engine `name` this policy needs (None = any engine); checked when the scheduler is built.
     requires_engine: str | None = None
     engine_scheduling: str = "fcfs"
+    suspend_when: str = "always"
+    hopeless: str = "serve"
 
     def __post_init__(self) -> None:
         if self.dispatch not in DISPATCH_MODES:
             raise ValueError(f"policy {self.name!r}: dispatch must be one of {DISPATCH_MODES},"
                              f" got {self.dispatch!r}")
+        if self.suspend_when not in SUSPEND_RULES:
+            raise ValueError(f"policy {self.name!r}: suspend_when must be one of "
+                             f"{SUSPEND_RULES}, got {self.suspend_when!r}")
+        if self.hopeless not in HOPELESS_RULES:
+            raise ValueError(f"policy {self.name!r}: hopeless must be one of {HOPELESS_RULES}, "
+                             f"got {self.hopeless!r}")
         if self.engine_scheduling not in ENGINE_SCHEDULING:
             raise ValueError(f"policy {self.name!r}: engine_scheduling must be one of "
                              f"{ENGINE_SCHEDULING}, got {self.engine_scheduling!r}")

@@ -13,9 +13,11 @@ import logging
 
 from timelyllm_ros.core.engine.base import DISCARD, PAUSE_HANDLINGS, EngineAdapter, EngineOutput
 from timelyllm_ros.core.exec_model import ExecutionTimeModel
+from timelyllm_ros.core.sched.admission_step import Contention
 from timelyllm_ros.core.sched.interface import (PauseInfo, Policy, SchedulerContext,
                                                 SchedulerListener, SegmentDispatch)
-from timelyllm_ros.core.sched.queue_view import QueueArrays, initial_row, suspended_row
+from timelyllm_ros.core.sched.queue_view import (QueueArrays, QueueView, initial_row,
+                                                 suspended_row)
 from timelyllm_ros.core.sched.report_deadlines import ReportDeadlines
 from timelyllm_ros.core.sched.robot_timeline import RobotTimelines
 from timelyllm_ros.core.sched.sizes import context_of, plan_budget
@@ -43,6 +45,8 @@ class OutputStep:
     _paused: dict[str, tuple[str, str]]
     _hook_pause: bool
     _engine_pauses: bool
+    _contention: Contention | None
+    suspensions_avoided: int
 
     def _consume(self, task: TaskRecord, output: EngineOutput, now: float) -> None:
         if task.awaiting_cached_count and output.num_cached_tokens is not None:
@@ -87,8 +91,31 @@ class OutputStep:
             return
         if plan_done:
             self._end_generation(task, output.finished, now)
-        elif found and self.policy.dispatch == "segment":
+        elif found and self.policy.dispatch == "segment" and self._suspension_pays(task, now):
             self._suspend(task, now)
+
+    def _suspension_pays(self, task: TaskRecord, now: float) -> bool:
+        """Whether to suspend `task` at the boundary it just reached (`Policy.suspend_when`).
+
+        Work-conserving ("contended"): a suspension costs a resume (the partial last block is
+        recomputed, or the preserved KV and slot are held idle), and it buys a slot and KV for
+        a queued generation only if one is waiting for them. So suspend only when the last
+        admission pass refused a generation that ranks above this one were it queued now;
+        each suspension answers one refused generation. Otherwise it keeps generating and its
+        segments go out as they complete, as streaming does."""
+        if self.policy.suspend_when == "always":
+            return True
+        contention = self._contention
+        if contention is None or contention.refused <= 0:
+            self.suspensions_avoided += 1
+            return False
+        row = self._queue_row(task, now, cached=0)
+        mine = float(self.policy.priorities(QueueView.from_rows([row]), now)[0])
+        if mine >= contention.best_refused_priority:
+            self.suspensions_avoided += 1
+            return False
+        contention.refused -= 1
+        return True
 
     def _on_segment_text(self, task: TaskRecord, text: str, calls: tuple[SkillCall, ...],
                          is_last: bool, now: float) -> None:
@@ -173,16 +200,17 @@ class OutputStep:
         completion of the previous one after that) and `queued_since_s`."""
         bs = self.context.kv_block_size
         cached = (max(0, computed - 1) // bs) * bs
+        task.queue_slot = self._queue.add(self._queue_row(task, now, cached), key=task.task_id)
+
+    def _queue_row(self, task: TaskRecord, now: float, cached: int) -> dict:
         sizes = self._sizes(task, self._skill_set_of(task.spec), cached=cached)
         spec = task.spec
         if task.segments:
-            row = suspended_row(spec.tuf, spec.arrival_s, task.robot_free_at(now),
-                                len(task.segments), enqueued_s=task.queued_since_s,
-                                is_urgent=spec.is_urgent, **sizes)
-        else:
-            row = initial_row(spec.tuf, spec.arrival_s, enqueued_s=task.queued_since_s,
-                              is_urgent=spec.is_urgent, **sizes)
-        task.queue_slot = self._queue.add(row, key=task.task_id)
+            return suspended_row(spec.tuf, spec.arrival_s, task.robot_free_at(now),
+                                 len(task.segments), enqueued_s=task.queued_since_s,
+                                 is_urgent=spec.is_urgent, **sizes)
+        return initial_row(spec.tuf, spec.arrival_s, enqueued_s=task.queued_since_s,
+                           is_urgent=spec.is_urgent, **sizes)
 
     def _pause_handling(self, task: TaskRecord, context: int, now: float) -> str:
         if not (self._hook_pause and self._engine_pauses) or task.engine_request_id is None:

@@ -139,6 +139,13 @@ class SegmentScheduler(AdmissionStep, OutputStep):
         self._seg_time: dict[str, list[float]] = {}
         self.fetch_overhead_s: list[float] = []
         self.steps = 0
+        # Work-conserving suspension and the overload rule (Policy.suspend_when / .hopeless):
+        # what the last admission pass left waiting, boundaries at which a generation kept
+        # going instead of suspending, and tasks shed because their utility could not be
+        # positive any more.
+        self._contention = None
+        self.suspensions_avoided = 0
+        self.shed = 0
 
     def _make_context(self) -> SchedulerContext:
         kv = self.engine.kv_usage()

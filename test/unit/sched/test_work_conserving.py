@@ -1,0 +1,237 @@
+"""Work-conserving segmentation, responses first, and the overload rule (issue 11): the
+planner's default policy `timelyllm-wc` (core/policies/work_conserving.py) and the scheduler
+mechanics behind `Policy.suspend_when` and `Policy.hopeless`."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from timelyllm_ros.core.engine.base import DISCARD, PRESERVE
+from timelyllm_ros.core.policies.registry import DEFAULT_POLICY, get_policy
+from timelyllm_ros.core.policies.work_conserving import (ResponseFirstAdmission,
+                                                         WorkConservingTimelyPolicy)
+from timelyllm_ros.core.sched.admission import BatchSpeedModel
+from timelyllm_ros.core.sched.interface import (AdmissionPass, Candidate, PauseInfo, RunningGen,
+                                                SchedulerContext)
+from timelyllm_ros.core.sched.queue_view import QueueView, initial_row, suspended_row
+from timelyllm_ros.core.tuf import TUF
+
+from fakes import LEVELS, assert_no_leaks, drive, make, spec, states
+
+NORMAL = LEVELS.get("normal")
+
+
+def _segments(task):
+    return len(task.segments)
+
+
+# ------------------------------------------------------------------ the scheduler's mechanics
+
+def test_a_lone_generation_is_never_suspended_under_the_default_policy():
+    sch, eng, lis = make(DEFAULT_POLICY)
+    task = sch.submit(spec("a", 1, eng))
+    drive(sch, eng, lis)
+    assert task.state == "done" and _segments(task) > 1
+    # Nothing waited, so it kept generating: no suspension, no resume, every boundary counted.
+    assert "suspended" not in states(task) and task.resumes == 0
+    assert sch.suspensions_avoided == _segments(task) - 1 >= 1
+    assert_no_leaks(sch, eng)
+
+
+def test_the_papers_rule_suspends_at_every_boundary_even_when_nothing_waits():
+    sch, eng, lis = make("timelyllm")
+    task = sch.submit(spec("a", 1, eng))
+    drive(sch, eng, lis)
+    assert task.state == "done" and task.resumes >= _segments(task) - 1 >= 1
+    assert sch.suspensions_avoided == 0
+
+
+def test_a_refused_response_makes_a_running_generation_yield_at_its_next_boundary():
+    # One slot: while A generates, B (a first segment, ranked above every resume) is refused.
+    sch, eng, lis = make(DEFAULT_POLICY, batch_cap=1)
+    a = sch.submit(spec("a", 1, eng))
+    sch.tick()  # A admitted alone
+    b = sch.submit(spec("b", 2, eng))
+    drive(sch, eng, lis, until=lambda s: b.segments)
+    # A suspended at the boundary after B was refused, and B got the slot before A went on.
+    assert "suspended" in states(a)
+    a_second = a.segments[1].dispatched_s if len(a.segments) > 1 else float("inf")
+    assert b.segments[0].dispatched_s < a_second
+    drive(sch, eng, lis)
+    assert a.state == b.state == "done"
+    assert_no_leaks(sch, eng)
+
+
+def test_the_same_contention_under_streaming_order_does_not_suspend():
+    # fcfs-wc: FCFS order, so the running (older) generation ranks above the newcomer and
+    # keeps its slot, exactly as vllm-stream would.
+    from timelyllm_ros.core.policies.builtin import FcfsPolicy
+    from timelyllm_ros.core.policies.registry import PolicyDefinition, register_policy
+    if "test-fcfs-wc" not in __import__("timelyllm_ros.core.policies.registry",
+                                        fromlist=["policy_names"]).policy_names():
+        register_policy("test-fcfs-wc", PolicyDefinition(
+            FcfsPolicy, name="test-fcfs-wc", dispatch="segment", suspend_when="contended"))
+    sch, eng, lis = make("test-fcfs-wc", batch_cap=1)
+    a = sch.submit(spec("a", 1, eng))
+    sch.tick()
+    b = sch.submit(spec("b", 2, eng))
+    drive(sch, eng, lis)
+    assert "suspended" not in states(a) and a.resumes == 0
+    assert b.segments[0].dispatched_s > a.segments[-1].dispatched_s
+
+
+def test_a_task_that_can_no_longer_have_positive_utility_is_shed_with_a_reason():
+    sch, eng, lis = make(DEFAULT_POLICY)
+    eng.advance_idle(10.0)
+    # Arrived 5 s ago with a 1.5 s cut-off (ERT 1 s + 1/2): whenever it is served, U < 0.
+    late = sch.submit(dataclasses.replace(spec("late", 1, eng), arrival_s=eng.now() - 5.0))
+    fresh = sch.submit(spec("fresh", 2, eng))
+    drive(sch, eng, lis)
+    assert late.state == "rejected" and "overload" in late.lifecycle.reason
+    assert "utility can no longer be positive" in late.lifecycle.reason
+    assert states(late) == ["received", "queued", "rejected"]
+    # It counts as answered (by the refusal) when it was shed: a miss with utility <= 0.
+    assert late.response_time_s >= 5.0 and late.utility <= 0.0
+    assert late.utility == pytest.approx(NORMAL.utility(late.response_time_s))
+    assert fresh.state == "done" and sch.shed == 1
+    # The robot is told: its last status is terminal with the reason.
+    last = [s for s in lis.statuses if s.task_id == "late"][-1]
+    assert last.state == "rejected" and "overload" in last.reason
+    assert_no_leaks(sch, eng)
+
+
+def test_serve_instead_of_shed_serves_the_hopeless_task_with_its_negative_utility():
+    sch, eng, lis = make("timelyllm-wc-serve")
+    eng.advance_idle(10.0)
+    late = sch.submit(dataclasses.replace(spec("late", 1, eng), arrival_s=eng.now() - 5.0))
+    drive(sch, eng, lis)
+    assert late.state == "done" and late.utility < 0 and sch.shed == 0
+
+
+def test_a_suspended_generation_is_never_shed():
+    # Only first segments are shed: a resumed plan already has its response (and utility).
+    sch, eng, lis = make(DEFAULT_POLICY, batch_cap=1)
+    a = sch.submit(spec("a", 1, eng))
+    sch.tick()
+    sch.submit(spec("b", 2, eng))
+    drive(sch, eng, lis)
+    assert a.state == "done" and sch.shed == 0
+
+
+def test_policy_rules_are_checked_by_name():
+    with pytest.raises(ValueError, match="suspend_when"):
+        get_policy("timelyllm", suspend_when="sometimes")
+    with pytest.raises(ValueError, match="hopeless"):
+        get_policy("timelyllm", hopeless="drop")
+    with pytest.raises(ValueError, match="step_factor"):
+        ResponseFirstAdmission(step_factor=0.5)
+
+
+# ------------------------------------------------------------------ the policy's parts
+
+def test_responses_rank_above_every_resume():
+    policy = get_policy(DEFAULT_POLICY)
+    now = 10.0
+    urgent = LEVELS.get("urgent")
+    rows = [
+        # A late resume of an urgent task, whose robot is waiting right now ...
+        suspended_row(urgent, 0.0, now - 1.0, 3, enqueued_s=now - 1.0, is_urgent=True),
+        # ... and a fresh first segment of a best-effort task due in a minute.
+        initial_row(TUF(60.0, 0.05, 1.0), now),
+    ]
+    p = policy.priorities(QueueView.from_rows(rows), now)
+    assert p[1] > p[0]
+    # Within responses, PUD's order: the urgent one first.
+    both = QueueView.from_rows([initial_row(NORMAL, now - 0.1), initial_row(urgent, now - 0.1)])
+    q = policy.priorities(both, now)
+    assert q[1] > q[0]
+
+
+def _gen(key, segment_index, deadline, tokens=0, bound=10):
+    return RunningGen(key, 100, tokens, bound, deadline, False, "drone", 0, segment_index)
+
+
+def _cand(segment_index, blocks=1):
+    return Candidate("c", 9, 100, 10, 10, blocks, 5.0, False, segment_index)
+
+
+def _speed(steps):
+    model = BatchSpeedModel()
+    for batch, seconds in steps:
+        model.record(batch, seconds)
+    return model
+
+
+def _pass(running, now=0.0, rate=40.0):
+    view = QueueView.from_rows([])
+    return AdmissionPass(now, view, np.array([], dtype=int), [], list(running), 100, 16, rate)
+
+
+def test_resumes_are_refused_while_responses_run_on_a_slow_batch():
+    # 20 ms at batch 1, +1 ms per sequence: fastest 20 ms, cap 1.5 x 20 = 30 ms -> batch <= 11.
+    speed = _speed([(b, 0.020 + 0.001 * (b - 1)) for b in (1, 4, 8, 16, 1, 4, 8, 16)])
+    adm = ResponseFirstAdmission(step_factor=1.5, speed_model=speed)
+    response = _gen("r", 0, deadline=1.0)
+    small = [response] + [_gen(f"s{i}", 2, 9.0) for i in range(5)]
+    large = [response] + [_gen(f"s{i}", 2, 9.0) for i in range(14)]
+    adm.begin_pass(_pass(small))
+    assert adm.may_admit_candidate(small, _cand(1), 100)[0]
+    adm.begin_pass(_pass(large))
+    ok, why = adm.may_admit_candidate(large, _cand(1), 100)
+    assert not ok and "resume refused" in why
+    # A response is admitted whenever it fits, however large the batch.
+    assert adm.may_admit_candidate(large, _cand(0), 100)[0]
+    assert not adm.may_admit_candidate(large, _cand(0, blocks=101), 100)[0]
+    # No response running (or only one due in a minute): resumes run as fast as the batch allows.
+    resumes = [_gen(f"s{i}", 2, 9.0) for i in range(14)] + [_gen("be", 0, deadline=60.0)]
+    adm.begin_pass(_pass(resumes))
+    assert adm.may_admit_candidate(resumes, _cand(1), 100)[0]
+
+
+def test_running_resumes_are_asked_to_yield_only_while_the_step_is_over_the_cap():
+    speed = _speed([(b, 0.020 + 0.001 * (b - 1)) for b in (1, 4, 8, 16)])
+    adm = ResponseFirstAdmission(step_factor=1.5, speed_model=speed)
+    batch = [_gen("r", 0, deadline=1.0), _gen("s", 2, 9.0)]
+    # Measured step 50 ms > 30 ms cap: everything ranked below a response yields.
+    bar = adm.yield_below(batch, 0.0, rate=1 / 0.050)
+    assert bar is not None
+    policy = get_policy(DEFAULT_POLICY)
+    resume = policy.priorities(QueueView.from_rows([suspended_row(NORMAL, 0.0, 0.5, 1, enqueued_s=0.0)]), 0.0)
+    response = policy.priorities(QueueView.from_rows([initial_row(NORMAL, 0.0)]), 0.0)
+    assert resume[0] < bar <= response[0]
+    assert adm.yield_below(batch, 0.0, rate=1 / 0.025) is None
+    assert adm.yield_below([_gen("s", 2, 9.0)], 0.0, rate=1 / 0.050) is None
+
+
+def test_pauses_preserve_until_the_share_of_kv_is_spent():
+    class Engine:
+        pinned = 0
+
+        def pinned_blocks(self):
+            return self.pinned
+
+    engine = Engine()
+    ctx = SchedulerContext("sim", 16, 100, 10, engine=engine)
+    policy = WorkConservingTimelyPolicy(preserve_kv_share=0.5)
+
+    def pause(tokens):
+        return PauseInfo(task_id="t", context_tokens=tokens, other_tokens=0, pause_s=1.0,
+                         eligible_in_s=1.0, segment_index=1, is_urgent=False, context=ctx)
+
+    assert policy.pause_handling(pause(16 * 50)) == PRESERVE   # 50 of 100 blocks
+    engine.pinned = 10
+    assert policy.pause_handling(pause(16 * 50)) == DISCARD    # 60 > 50
+    assert policy.pause_handling(pause(16 * 40)) == PRESERVE
+
+
+def test_the_default_policy_keeps_preserved_kv_and_frees_it_at_the_end():
+    sch, eng, lis = make(DEFAULT_POLICY, batch_cap=1)
+    tasks = [sch.submit(spec(f"t{i}", 1 + i % 3, eng)) for i in range(4)]
+    drive(sch, eng, lis)
+    assert all(t.state == "done" for t in tasks)
+    assert sch.pause_counts[PRESERVE] >= 1
+    assert eng.pinned_blocks() == 0
+    assert_no_leaks(sch, eng)
