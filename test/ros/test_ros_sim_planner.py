@@ -28,7 +28,8 @@ def test_sim_engine_planner_serves_trace_plans_over_ros(tmp_path, monkeypatch):
     specs = [
         NodeSpec(name="planner", module="timelyllm_ros.ros.planner_node", executable="planner_node",
                  parameters_file=REPO_ROOT / "config" / "planner.yaml",
-                 parameters={"engine.kind": "sim", "robots": ["drone_1:drone", "arm_1:arm"]}),
+                 parameters={"engine.kind": "sim", "policy": "timelyllm",
+                             "robots": ["drone_1:drone", "arm_1:arm"]}),
         NodeSpec(name="executor", namespace="drone_1", module="timelyllm_ros.ros.executor_node",
                  executable="drone_executor_node", parameters={"robot_id": "drone_1", "time_scale": 0.02}),
         NodeSpec(name="executor", namespace="arm_1", module="timelyllm_ros.ros.executor_node",
