@@ -11,7 +11,8 @@
 `suspend`: the generation stopped at a segment boundary and waits for its robot. `preempt`: it
 was stopped mid-segment to give its KV to more urgent work (recompute: it is queued again and
 continues from its token ids). `fail` and `cancel` lead from any non-terminal state to `failed` /
-`cancelled`.
+`cancelled`; `end_early` (the robot's plan returned) from any state after acceptance to `done`;
+`shed` (overload) from `queued` to `rejected`.
 
 Simulations create thousands of these, and building a `transitions.Machine` (or even
 `add_model`, which binds trigger methods and keeps a reference to every model) per task costs
@@ -44,6 +45,9 @@ TRANSITIONS = [
     {"trigger": "complete", "source": "awaiting_robot", "dest": "done"},
     {"trigger": "fail", "source": _NON_TERMINAL, "dest": "failed"},
     {"trigger": "cancel", "source": _NON_TERMINAL, "dest": "cancelled"},
+    # The robot ended the plan with a return (MiniSpec `->`): done, whatever was left to generate.
+    {"trigger": "end_early", "source": ["queued", "generating", "suspended", "awaiting_robot"],
+     "dest": "done"},
 ]
 TRIGGERS = tuple(dict.fromkeys(t["trigger"] for t in TRANSITIONS))
 

@@ -26,6 +26,7 @@ Listeners receive frozen records (`SegmentDispatch`, `TaskSnapshot`), never the 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import math
@@ -51,6 +52,7 @@ from timelyllm_ros.core.sched.robot_timeline import RobotTimelines
 from timelyllm_ros.core.sched.sizes import bound_of, context_of, first_unreported, plan_budget
 from timelyllm_ros.core.skills.skillset import SkillSet
 from timelyllm_ros.core.task import TaskRecord, TaskSnapshot, TaskSpec
+from timelyllm_ros.core.tuf import TUF
 
 log = logging.getLogger("timelyllm.scheduler")
 
@@ -223,8 +225,13 @@ class SegmentScheduler(AdmissionStep, OutputStep):
         return task
 
     def on_report(self, task_id: str, sequence: int, started_s: float, finished_s: float,
-                  success: bool, message: str = "") -> None:
-        """A robot's execution report, with times already in the scheduler's clock."""
+                  success: bool, message: str = "", returned: bool = False) -> None:
+        """A robot's execution report, with times already in the scheduler's clock.
+
+        `returned`: the segment ended the plan with a return (MiniSpec `->`): nothing after it
+        will run, so the generation stops (engine request aborted, KV and queue entry freed)
+        and the task ends `done` with the reason "returned", instead of generating segments
+        that would never run."""
         task = self.tasks.get(task_id)
         if task is None:
             raise KeyError(f"task_id: no task {task_id!r}")
@@ -255,6 +262,10 @@ class SegmentScheduler(AdmissionStep, OutputStep):
             self._finish(task, "fail", f"robot {task.spec.robot_id} reported failure of segment "
                                        f"{sequence}: {message or 'no message'}", now)
             return
+        if returned:
+            self._finish(task, "end_early", f"returned: the plan ended at segment {sequence}"
+                                            + (f" ({message})" if message else ""), now)
+            return
         # Everything still queued on this robot (any task) now starts from the reported finish.
         moved = self._robots.reschedule(task.spec.robot_id, finished_s,
                                         self.config.network_latency_s)
@@ -266,6 +277,27 @@ class SegmentScheduler(AdmissionStep, OutputStep):
             self._queue.update(task.queue_slot, reference_s=task.robot_free_at(now))
         self._maybe_complete(task, now)
         self._emit(task)
+
+    def update_tuf(self, task_id: str, tuf: TUF, urgency: str) -> TaskSpec:
+        """Give a live task a new TUF (and urgency label); the next priority computation uses
+        it. Its queued generation's row gets the new k, U0 and class; the row's ERT becomes
+        the new ERT for a first segment (a suspended generation keeps ERT 0, §4.2). A response
+        already given keeps the utility it earned. KeyError for an unknown task, ValueError for
+        a finished one (both name `task_id`)."""
+        task = self.tasks.get(task_id)
+        if task is None:
+            raise KeyError(f"task_id: unknown task {task_id!r}")
+        if task.lifecycle.is_terminal:
+            raise ValueError(f"task_id: task {task_id!r} already ended ({task.state})")
+        task.spec = dataclasses.replace(task.spec, tuf=tuf, urgency=urgency or "custom")
+        slot = task.queue_slot
+        if slot is not None and slot in self._queue:
+            first = int(self._queue.get(slot)["segment_index"]) == 0
+            self._queue.update(slot, ert_s=tuf.ert_s if first else 0.0, slope=tuf.slope_per_s,
+                               initial_utility=tuf.initial_utility, task_ert_s=tuf.ert_s,
+                               is_urgent=task.spec.is_urgent)
+        self._emit(task)
+        return task.spec
 
     def cancel(self, task_id: str, reason: str) -> None:
         task = self.tasks.get(task_id)
