@@ -33,5 +33,14 @@ setup(
             "mcsf-alpha-greedy = timelyllm_ros.papers.mcsf.baselines:MCSF_ALPHA_GREEDY",
             "mcsf-alpha-beta = timelyllm_ros.papers.mcsf.baselines:MCSF_ALPHA_BETA",
         ],
+        # Robot backends by kind: builder(**params) -> backend (timelyllm_ros.robots.factory).
+        "timelyllm_ros.robots": [
+            "sim = timelyllm_ros.robots.factory:build_sim",
+            "drone-sim = timelyllm_ros.robots.factory:build_drone_sim",
+            "tello = timelyllm_ros.robots.factory:build_tello",
+            "arm-sim = timelyllm_ros.robots.factory:build_arm_sim",
+            "replay = timelyllm_ros.robots.factory:build_replay",
+            "action-bridge = timelyllm_ros.robots.action_bridge:build_action_bridge",
+        ],
     },
 )

@@ -81,15 +81,15 @@ for f in $(grep -rl "/opt/python/cp311-cp311" "$VENV"/share/*/cmake/ 2>/dev/null
          -e "s#/opt/python/cp311-cp311/include/python3.11#${py_include}#g" "$f"
 done
 
-# 5. Our interface types, built by colcon. The sources are staged outside the repository
+# 5. Our interface types (msg, srv, action), built by colcon. The sources are staged outside the repository
 #    because CMake refuses exported include paths (the venv's numpy) inside the source dir.
-key=$(stamp_key package.xml CMakeLists.txt msg/*.msg)
+key=$(stamp_key package.xml CMakeLists.txt msg/*.msg srv/*.srv action/*.action)
 if ! is_done interfaces "$key" || [[ ! -d .cache/colcon/install/timelyllm_ros ]]; then
   log "building msg types with colcon"
   stage="$ROOT/.cache/colcon/src/timelyllm_ros"
   rm -rf "$ROOT/.cache/colcon"
   mkdir -p "$stage"
-  cp -r package.xml CMakeLists.txt msg "$stage/"
+  cp -r package.xml CMakeLists.txt msg srv action "$stage/"
   (
     cd "$ROOT/.cache/colcon"
     export AMENT_PREFIX_PATH="$VENV" CMAKE_PREFIX_PATH="$VENV"

@@ -49,14 +49,21 @@ def _preload_interface_libraries() -> None:
     ament = [p for p in os.environ.get("AMENT_PREFIX_PATH", "").split(os.pathsep) if p]
     if str(INSTALL_PREFIX) not in ament:
         os.environ["AMENT_PREFIX_PATH"] = os.pathsep.join([str(INSTALL_PREFIX), *ament, sys.prefix])
-    # Generator libraries first: the typesupport libraries depend on them.
-    libs = sorted(LIB_DIR.glob(f"lib{PACKAGE}__*.so"), key=lambda p: "generator" not in p.name)
-    for lib in libs:
-        try:
-            ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
-        except OSError:
-            # A typesupport for an RMW that is not installed; rosidl skips it at runtime too.
-            pass
+    # The libraries depend on each other (generator_py on generator_c, typesupports on the
+    # generators): load in rounds until no more can be loaded, whatever the directory order.
+    pending = sorted(LIB_DIR.glob(f"lib{PACKAGE}__*.so"), key=lambda p: "generator" not in p.name)
+    while pending:
+        failed = []
+        for lib in pending:
+            try:
+                ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+            except OSError:
+                # A dependency not loaded yet, or a typesupport for an RMW that is not
+                # installed (rosidl skips it at runtime too).
+                failed.append(lib)
+        if len(failed) == len(pending):
+            break
+        pending = failed
 
 
 extend_package_path(__path__)

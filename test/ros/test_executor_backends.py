@@ -1,5 +1,5 @@
 """The executor node's `backend` parameter: a node with backend tello, pointed at the Tello
-emulator on loopback, executes SkillSegments received over ROS 2 and reports them."""
+emulator on loopback, executes ExecuteSegment goals received over ROS 2 and reports them."""
 
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ def test_executor_node_with_tello_backend_executes_segments(monkeypatch):
     if rclpy.ok():
         pytest.skip("rclpy already initialised by another test in this process")
 
-    from timelyllm_ros.msg import ExecutionReport, SkillSegment
+    from timelyllm_ros.msg import ExecutionReport
     from timelyllm_ros.ros import topics
     from timelyllm_ros.ros.conversions import time_to_s
     from timelyllm_ros.ros.executor_node import ExecutorNode
@@ -98,8 +98,11 @@ def test_executor_node_with_tello_backend_executes_segments(monkeypatch):
             with lock:
                 reports.append(msg)
 
-        pub = client.create_publisher(SkillSegment, topics.robot_topic(ROBOT, topics.SKILL_SEGMENTS),
-                                      topics.COMMAND_QOS)
+        from rclpy.action import ActionClient
+
+        from timelyllm_ros.action import ExecuteSegment
+
+        action = ActionClient(client, ExecuteSegment, topics.robot_topic(ROBOT, topics.EXECUTE_SEGMENT))
         client.create_subscription(ExecutionReport,
                                    topics.robot_topic(ROBOT, topics.EXECUTION_REPORTS),
                                    on_report, topics.COMMAND_QOS)
@@ -107,26 +110,25 @@ def test_executor_node_with_tello_backend_executes_segments(monkeypatch):
         executor.add_node(client)
         spin = threading.Thread(target=executor.spin, daemon=True)
         spin.start()
-
+        assert action.wait_for_server(timeout_sec=30), "executor did not serve execute_segment"
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and (pub.get_subscription_count() == 0 or
-                                                node._report_pub.get_subscription_count() == 0):
+        while time.monotonic() < deadline and node._report_pub.get_subscription_count() == 0:
             time.sleep(0.05)
-        assert pub.get_subscription_count() > 0, "executor did not subscribe to segments"
 
         segments = [
-            SkillSegment(task_id="fly-1", robot_id=ROBOT, sequence=0, text="tk;mf,100;",
+            ExecuteSegment.Goal(task_id="fly-1", robot_id=ROBOT, sequence=0, text="tk;mf,100;",
                          calls=["takeoff()", "move_forward(100)"], is_last=False),
-            SkillSegment(task_id="fly-1", robot_id=ROBOT, sequence=1, text="tc,90;ld;",
+            ExecuteSegment.Goal(task_id="fly-1", robot_id=ROBOT, sequence=1, text="tc,90;ld;",
                          calls=["turn_cw(90)", "land()"], is_last=True),
             # A variable argument cannot be resolved on the robot: reported as a failure.
-            SkillSegment(task_id="bad-2", robot_id=ROBOT, sequence=0, text="mf,_1;",
+            ExecuteSegment.Goal(task_id="bad-2", robot_id=ROBOT, sequence=0, text="mf,_1;",
                          calls=["move_forward(_1)"], is_last=True),
         ]
         t_publish = time.time()
         # Sequence 1 first: the node must hold it until sequence 0 has been executed.
         for seg in (segments[1], segments[0], segments[2]):
-            pub.publish(seg)
+            action.send_goal_async(seg)
+            time.sleep(0.05)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             with lock:

@@ -36,8 +36,11 @@ def fleet(tmp_path_factory):
     logs = tmp_path_factory.mktemp("fleet-logs")
     specs = [NodeSpec(
         name="planner", module="timelyllm_ros.ros.planner_node", executable="planner_node",
-        parameters_file=REPO_ROOT / "config" / "planner.yaml",
-        parameters={"robots": [f"{r}:drone" for r in ROBOTS], "report_timeout_factor": 1.0,
+        parameters_file=REPO_ROOT / "config" / "planner.yaml", lifecycle=True,
+        # timelyllm: suspends at every segment boundary, so resumes (and their prefix-cache
+        # hits) happen even on an idle engine (the work-conserving default would not suspend).
+        parameters={"policy": "timelyllm",
+                    "robots": [f"{r}:drone" for r in ROBOTS], "report_timeout_factor": 1.0,
                     "report_timeout_min_s": REPORT_TIMEOUT_MIN_S})]
     for i, robot in enumerate(ROBOTS):
         specs.append(NodeSpec(
@@ -48,7 +51,8 @@ def fleet(tmp_path_factory):
     group = NodeGroup(specs, log_dir=logs, echo=False).start()
     client = PlannerClient(robots=ROBOTS, node_name="e2e_client")
     try:
-        if not client.wait_for_planner(420, alive=lambda: "planner" not in group.exited()):
+        client.lifecycle.drive_to_active(420, alive=lambda: "planner" not in group.exited())
+        if not client.wait_for_planner(60, alive=lambda: "planner" not in group.exited()):
             log = (logs / "planner.log").read_text()[-3000:]
             pytest.fail(f"planner did not come up; exited={group.exited()}\n{log}")
         yield client, group
@@ -139,3 +143,32 @@ def test_planner_serves_tasks_after_bad_input(fleet):
     status = client.wait_terminal(["after-bad"], 300)["after-bad"]
     assert status.state == "done" and status.segments_dispatched >= 1
     assert os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] == "LOCALHOST"
+
+
+def test_plan_task_action_on_vllm_feedback_result_and_cancel(fleet):
+    """The PlanTask action on the real engine: feedback per segment and SUCCEEDED; then a goal
+    cancelled mid-plan ends CANCELED with its engine request and KV released."""
+    from action_msgs.msg import GoalStatus
+
+    client, _ = fleet
+    assert client.wait_for_action(30)
+    run = client.plan("act-1", "drone_1", "take off, fly forward one meter, turn right and land")
+    status, result = run.result(300)
+    assert status == GoalStatus.STATUS_SUCCEEDED and result.state == "done", result
+    texts = [s.text for s in client.seen.segments["act-1"]]
+    by_count = {f.segments_dispatched: f.last_segment_text for f in run.feedback}
+    assert result.segments == len(texts) >= 2
+    assert [by_count.get(i + 1) for i in range(len(texts))] == texts
+
+    run = client.plan("act-2", "drone_2", "fly a square, look for the red box, take a picture of it")
+    assert client.wait_for(lambda seen: bool(run.feedback), 120)
+    assert run.cancel().goals_canceling
+    status, result = run.result(60)
+    assert status == GoalStatus.STATUS_CANCELED and result.state == "cancelled", result
+    client.wait_terminal([t for t in list(client.seen.statuses)], 300)
+
+    def idle(seen):
+        m = seen.metrics[-1] if seen.metrics else None
+        return m is not None and m.active_tasks == 0 and m.queued == 0 and m.running == 0 \
+            and m.kv_free_blocks >= m.kv_total_blocks - 1
+    assert client.wait_for(idle, 30), client.seen.metrics[-1:]

@@ -27,7 +27,7 @@ def test_sim_engine_planner_serves_trace_plans_over_ros(tmp_path, monkeypatch):
     traces = load_traces()
     specs = [
         NodeSpec(name="planner", module="timelyllm_ros.ros.planner_node", executable="planner_node",
-                 parameters_file=REPO_ROOT / "config" / "planner.yaml",
+                 parameters_file=REPO_ROOT / "config" / "planner.yaml", lifecycle=True,
                  parameters={"engine.kind": "sim", "policy": "timelyllm",
                              "robots": ["drone_1:drone", "arm_1:arm"]}),
         NodeSpec(name="executor", namespace="drone_1", module="timelyllm_ros.ros.executor_node",
@@ -38,6 +38,7 @@ def test_sim_engine_planner_serves_trace_plans_over_ros(tmp_path, monkeypatch):
     with NodeGroup(specs, log_dir=tmp_path, echo=False) as group:
         client = PlannerClient(robots=["drone_1", "arm_1"], node_name="sim_client")
         try:
+            group.drive_lifecycle(120)   # the planner is a lifecycle node: configure, activate
             assert client.wait_for_planner(120, alive=lambda: "planner" not in group.exited()), \
                 (tmp_path / "planner.log").read_text()[-2000:]
             client.submit("urgent-6", "drone_1", traces[6].instruction, urgency="urgent")
@@ -57,16 +58,25 @@ def test_sim_engine_planner_serves_trace_plans_over_ros(tmp_path, monkeypatch):
 
 
 def test_planner_refuses_an_unknown_engine_scheduling_policy(monkeypatch):
+    """A bad parameter fails `configure` with the parameter named; the node stays unconfigured."""
     monkeypatch.setenv("ROS_DOMAIN_ID", "132")
     isolate_ros_network()
     import rclpy
+    from rclpy.lifecycle import TransitionCallbackReturn
 
     from timelyllm_ros.ros.planner_node import PlannerNode
+    from timelyllm_ros.ros.planner_params import PlannerSettings, values
 
     rclpy.init(args=["--ros-args", "-p", "engine.kind:=sim", "-p", "robots:=['drone_1:drone']",
                      "-p", "engine.scheduling_policy:=lifo"])
+    node = None
     try:
+        node = PlannerNode()
         with pytest.raises(ValueError, match="parameter engine.scheduling_policy: 'lifo'"):
-            PlannerNode()
+            PlannerSettings.from_parameters(values(node))
+        assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
+        assert node.loop is None
     finally:
+        if node is not None:
+            node.destroy_node()
         rclpy.shutdown()

@@ -37,10 +37,14 @@ TURNS = [45, 90, 180, 270]
 PUBLISHER = '''
 import sys, time
 import rclpy
+from rclpy.action import ActionClient
 from rclpy.node import Node
+from timelyllm_ros.action import ExecuteSegment
 from timelyllm_ros.msg import SkillSegment, ExecutionReport
 from timelyllm_ros.ros import topics
 
+# A stand-in planner: each segment goes to the robot as an ExecuteSegment goal and is published
+# as the SkillSegment record the real planner keeps for LRTrace.
 calls = [["takeoff()"]] + [[f"move_forward({d})"] for d in MOVES] + \\
         [[f"turn_cw({a})"] for a in TURNS] + [["land()"]]
 rclpy.init()
@@ -50,12 +54,16 @@ node.create_subscription(ExecutionReport, topics.robot_topic(ROBOT, topics.EXECU
                          reports.append, topics.COMMAND_QOS)
 pub = node.create_publisher(SkillSegment, topics.robot_topic(ROBOT, topics.SKILL_SEGMENTS),
                             topics.COMMAND_QOS)
+action = ActionClient(node, ExecuteSegment, topics.robot_topic(ROBOT, topics.EXECUTE_SEGMENT), **topics.action_qos())
 deadline = time.monotonic() + 60
-while pub.get_subscription_count() < 2 and time.monotonic() < deadline:  # executor + recorder
+while (pub.get_subscription_count() < 1 or not action.server_is_ready()) and time.monotonic() < deadline:
     rclpy.spin_once(node, timeout_sec=0.2)
 for seq, c in enumerate(calls):
+    last = seq == len(calls) - 1
     pub.publish(SkillSegment(task_id="fly", robot_id=ROBOT, sequence=seq, text=";".join(c),
-                             calls=c, is_last=seq == len(calls) - 1))
+                             calls=c, is_last=last))
+    action.send_goal_async(ExecuteSegment.Goal(task_id="fly", robot_id=ROBOT, sequence=seq,
+                                               text=";".join(c), calls=c, is_last=last))
 deadline = time.monotonic() + 240
 while len(reports) < len(calls) and time.monotonic() < deadline:
     rclpy.spin_once(node, timeout_sec=0.2)

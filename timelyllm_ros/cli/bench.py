@@ -184,6 +184,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "cacheable) preamble to N tokens; none (default) = the skill sets' own "
                         f"prompts (--paper-config: the paper's {PAPER_PROMPT_TOKENS})")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--overhead", action="store_true",
+                   help="real engine: plan generation time segmented (robot time zero) vs "
+                        "nonstop, per skill set (the paper's Table 4; bench/overhead.py)")
+    p.add_argument("--overhead-repeats", type=int, default=3, metavar="N",
+                   help="--overhead: rounds per skill set (default 3)")
+    p.add_argument("--overhead-tasks", type=int, default=3, metavar="N",
+                   help="--overhead: tasks per skill set (default 3)")
+    p.add_argument("--overhead-skill-sets", default=None, metavar="drone,arm,chat",
+                   help="--overhead: only these skill sets (default: every one with traces)")
     return p
 
 
@@ -302,6 +311,12 @@ def _real_engine_pool(config: BenchConfig) -> EnginePool:
 
 
 def _main(args: argparse.Namespace) -> int:
+    if args.overhead:
+        from timelyllm_ros.bench.overhead import main_overhead
+        only = args.overhead_skill_sets.split(",") if args.overhead_skill_sets else None
+        return main_overhead(args.model, repeats=args.overhead_repeats,
+                             tasks_per_skill_set=args.overhead_tasks,
+                             json_path=args.json_path, only=only)
     if args.chat_experiment:
         from timelyllm_ros.cli import bench_chat
         if args.baseline_prefix_cache is None:

@@ -19,6 +19,11 @@ SUBCOMMANDS: dict[str, str] = {
     "profile": "measure the engine's latency and write its profile",
     "bench": "replay a workload under several policies and report utility / latency",
     "lrtrace": "record, fit, compose and replay robot timing traces",
+    "submit": "send a PlanTask goal to the planner and follow it (Ctrl-C cancels)",
+    "cancel": "cancel a task by id",
+    "update": "change a running task's urgency or TUF",
+    "top": "live view of the planner: queue, KV use, tasks",
+    "plan": "dry-run a plan on a simulated robot (`timelyllm plan run PROGRAM`)",
 }
 
 

@@ -43,6 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--name", default=None, help="profile name (default: output file stem)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--pauses", action="store_true",
+                        help="only calibrate the simulated engine's preserve / discard pauses "
+                             "against the real engine's session and prefix-cache resumes "
+                             "(core/engine/pause_calibration.py), with the profile at --output")
     return parser
 
 
@@ -67,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.monotonic() - t0:7.1f} s] {msg}", flush=True)
 
     t0 = time.monotonic()
+    if args.pauses:
+        from timelyllm_ros.core.engine.pause_calibration import run_pause_calibration
+        print(run_pause_calibration(args.model, args.output, log=log), flush=True)
+        return 0
     log(f"starting the engine ({args.model}) ...")
     engine, config = build_profiling_engine(args.model, args.dtype, args.max_model_len)
     try:

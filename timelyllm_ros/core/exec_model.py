@@ -4,6 +4,12 @@ The scheduler needs a *minimum* (§4.3: resume the generation before the robot c
 finish, so the next segment is ready even in the best case); simulated robots need a *sample*.
 Both come from the same per-skill model, configured in config/exec_model.yaml and refined online
 by the robots' execution reports (`observe`).
+
+Control flow: a segment's calls carry a `weight`, how many times the segment is expected to
+run the call (MiniSpec's parser sets it: a loop multiplies by its count, or by its expected
+iterations when it can exit early; a conditional's body counts as taken; core/skills/flow.py has
+the rule). Segment estimates and samples multiply each call's time by its weight, and a
+weighted call is a different key for the observed minima than the same call run once.
 """
 
 from __future__ import annotations
@@ -179,8 +185,15 @@ def parse_skill_model(spec: Any, source: str, key: str) -> SkillTimeModel:
     return cls(**params)
 
 
-def _call_key(call: CallLike) -> tuple[str, tuple[str, ...]]:
-    return (call.name, tuple(call.args))
+def call_weight(call: CallLike) -> float:
+    """Expected executions of `call` in its segment (1 unless control flow says otherwise)."""
+    w = getattr(call, "weight", 1.0)
+    return float(w) if w is not None else 1.0
+
+
+def _call_key(call: CallLike) -> tuple:
+    w = call_weight(call)
+    return (call.name, tuple(call.args)) if w == 1.0 else (call.name, tuple(call.args), w)
 
 
 class ExecutionTimeModel:
@@ -248,11 +261,21 @@ class ExecutionTimeModel:
         observed = self._observed_segments.get(tuple(_call_key(c) for c in calls))
         if observed is not None:
             return observed
-        return sum(self.estimate_min(c) for c in calls)
+        return sum(self._call_min(c) * call_weight(c) for c in calls)
+
+    def estimate_segment_nominal(self, calls: Iterable[CallLike]) -> float:
+        """The jitter-free duration the model expects (nominal per call, times its weight)."""
+        return sum(self.model_for(c.name).nominal(c.args) * call_weight(c) for c in calls)
+
+    def _call_min(self, call: CallLike) -> float:
+        observed = self._observed.get((call.name, tuple(call.args)))
+        if observed is not None:
+            return observed
+        return self.model_for(call.name).minimum(call.args)
 
     def sample_segment(self, calls: Iterable[CallLike], rng: np.random.Generator | None = None) -> float:
         rng = rng if rng is not None else np.random.default_rng()
-        return sum(self.sample(c, rng) for c in calls)
+        return sum(self.sample(c, rng) * call_weight(c) for c in calls)
 
     # --- feedback -----------------------------------------------------------------------------
     def observe(self, call: CallLike, duration_s: float) -> None:
@@ -272,7 +295,7 @@ class ExecutionTimeModel:
         prev = self._observed_segments.get(key)
         if prev is None or d < prev:
             self._observed_segments[key] = d
-        if len(calls) == 1:
+        if len(calls) == 1 and call_weight(calls[0]) == 1.0:
             self.observe(calls[0], d)
 
     def observed_min(self, call: CallLike) -> float | None:

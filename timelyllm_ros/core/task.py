@@ -74,6 +74,10 @@ class TaskRecord:
     resumes: int = 0
     cached_tokens_last_resume: int = 0
     cached_tokens_total: int = 0
+    # Tokens of the previous context the engine computed again on resumes, from the engine's
+    # own accounting where it reports it (EngineOutput.recomputed_tokens), else 0.
+    recomputed_tokens_last_resume: int = 0
+    recomputed_tokens_total: int = 0
     awaiting_cached_count: bool = False
     generation_finished: bool = False
     response_time_s: float = NAN
@@ -125,6 +129,7 @@ class TaskSnapshot:
     resumes: int
     cached_tokens_last_resume: int
     cached_tokens_total: int
+    recomputed_tokens_total: int = 0
 
     @classmethod
     def of(cls, task: TaskRecord) -> "TaskSnapshot":
@@ -135,6 +140,7 @@ class TaskSnapshot:
             segments_dispatched=len(task.segments), segments_completed=task.segments_completed,
             resumes=task.resumes, cached_tokens_last_resume=task.cached_tokens_last_resume,
             cached_tokens_total=task.cached_tokens_total,
+            recomputed_tokens_total=task.recomputed_tokens_total,
         )
 
     @property

@@ -2,8 +2,9 @@
 which `make demo` runs; its arguments are parsed in timelyllm_ros/cli/demo.py).
 
 Starts the node set in launch/demo.nodes.yaml (planner with the bundled model, two simulated
-drones, a status recorder), submits three tasks (one urgent), prints a table per task, and
-shuts everything down.
+drones, a status recorder), drives the planner's lifecycle to active, sends three PlanTask goals
+(one urgent), prints each segment as its feedback arrives and a table of the results, and shuts
+everything down.
 """
 
 from __future__ import annotations
@@ -57,11 +58,15 @@ def format_table(rows: list[dict]) -> str:
 def run_demo(*, policy: str = DEFAULT_POLICY, description: Path = DEFAULT_DESCRIPTION,
              out: Path = DEFAULT_OUT, startup_timeout_s: float = 300.0,
              task_timeout_s: float = 240.0, echo: bool = True) -> int:
-    """Run the demo; 0 when every task is done, 1 otherwise (node logs under `out`/logs)."""
+    """Run the demo; 0 when every task is done, 1 otherwise (node logs under `out`/logs).
+
+    The tasks go through the PlanTask action: each segment is printed as its feedback arrives,
+    and the table is built from the results."""
     isolate_ros_network()
     from timelyllm_ros.ros.client import PlannerClient
     from timelyllm_ros.ros.launch_description import apply_overrides, load_description
     from timelyllm_ros.ros.launch_runner import NodeGroup
+    from timelyllm_ros.ros.lifecycle_client import LifecycleError
 
     specs = load_description(description)
     apply_overrides(specs, [f"planner.policy={policy}",
@@ -72,26 +77,37 @@ def run_demo(*, policy: str = DEFAULT_POLICY, description: Path = DEFAULT_DESCRI
     client = PlannerClient(robots=["drone_1", "drone_2"], node_name="demo_client")
     ok = False
     try:
-        print("[demo] waiting for the planner to load the model and warm its prefix cache...", flush=True)
+        print("[demo] configuring the planner (loads the model, warms its prefix cache), then "
+              "activating it...", flush=True)
         started = time.monotonic()
-        if not client.wait_for_planner(startup_timeout_s, alive=lambda: "planner" not in group.exited()):
-            print(f"[demo] planner did not come up (exited: {group.exited()}); see {out / 'logs'}",
-                  file=sys.stderr)
+        try:
+            client.lifecycle.drive_to_active(startup_timeout_s,
+                                             alive=lambda: "planner" not in group.exited())
+        except LifecycleError as err:
+            print(f"[demo] planner did not come up: {err} (exited: {group.exited()}); see "
+                  f"{out / 'logs'}", file=sys.stderr)
             return 1
-        print(f"[demo] planner ready after {time.monotonic() - started:.0f} s; submitting "
-              f"{len(DEMO_TASKS)} tasks", flush=True)
+        if not client.wait_for_action(30, alive=lambda: "planner" not in group.exited()):
+            print("[demo] the planner's PlanTask action did not appear", file=sys.stderr)
+            return 1
+        print(f"[demo] planner active after {time.monotonic() - started:.0f} s; sending "
+              f"{len(DEMO_TASKS)} PlanTask goals", flush=True)
+        runs = {}
         for task_id, robot, urgency, instruction in DEMO_TASKS:
-            client.submit(task_id, robot, instruction, urgency=urgency)
-        final = client.wait_terminal([t[0] for t in DEMO_TASKS], task_timeout_s)
+            runs[task_id] = client.plan(task_id, robot, instruction, urgency=urgency,
+                                        on_feedback=_printer(task_id))
         rows = []
-        for task_id, robot, urgency, instruction in DEMO_TASKS:
-            s = final[task_id]
+        deadline = time.monotonic() + task_timeout_s
+        for task_id, robot, urgency, _instruction in DEMO_TASKS:
+            outcome = runs[task_id].result(max(1.0, deadline - time.monotonic()))
+            r = outcome[1] if outcome else None
+            resumes = r.resumes if r else 0
             rows.append({
                 "task_id": task_id, "robot": robot, "urgency": urgency,
-                "state": s.state if s else "no status", "response_time_s": s.response_time_s if s else None,
-                "utility": s.utility if s else None, "waiting_time_s": s.waiting_time_s if s else None,
-                "segments": s.segments_dispatched if s else 0, "resumes": s.resumes if s else 0,
-                "cached_total": s.cached_tokens_total if s else 0,
+                "state": r.state if r else "no result", "response_time_s": r.response_time_s if r else None,
+                "utility": r.utility if r else None, "waiting_time_s": r.waiting_time_s if r else None,
+                "segments": r.segments if r else 0, "resumes": resumes,
+                "cached_total": r.mean_cached_tokens_per_resume * resumes if r else 0,
             })
         print("\n" + format_table(rows))
         for task_id, *_ in DEMO_TASKS:
@@ -106,3 +122,15 @@ def run_demo(*, policy: str = DEFAULT_POLICY, description: Path = DEFAULT_DESCRI
         codes = group.stop()
         print(f"[demo] nodes stopped: {codes}")
     return 0 if ok else 1
+
+
+def _printer(task_id: str):
+    seen = set()
+
+    def on_feedback(fb) -> None:
+        if fb.segments_dispatched and fb.segments_dispatched not in seen:
+            seen.add(fb.segments_dispatched)
+            print(f"[demo] {task_id}: segment {fb.segments_dispatched - 1} "
+                  f"{fb.last_segment_text or '<end>'!r} ({fb.state})", flush=True)
+
+    return on_feedback

@@ -165,6 +165,8 @@ def _replay(options: ReplayOptions, plan: ReplayPlan, work: Path) -> int:
                     return f"node {label} exited with status {code}:\n{log_tail(log_dir, label)}"
             return None
 
+        if not options.attach:
+            _activate_planner(client, options, plan, dead, log_dir)
         _wait_for_graph(client, options, plan, dead, log_dir)
         startup_s = time.perf_counter() - wall_start
         time.sleep(SETTLE_S)
@@ -219,6 +221,18 @@ def _print_start(options: ReplayOptions, plan: ReplayPlan, replays_durations: bo
           f"{max(t.time_s for t in plan.tasks):.1f} s on {len(plan.robots)} robots; {planner}; "
           f"{robots}; ROS_DOMAIN_ID={os.environ.get('ROS_DOMAIN_ID', '0')}",
           file=sys.stderr, flush=True)
+
+
+def _activate_planner(client, options: ReplayOptions, plan: ReplayPlan, dead: DeadCheck,
+                      log_dir: Path) -> None:
+    """The planner is a lifecycle node: configure (engine start-up) and activate it."""
+    from timelyllm_ros.ros.lifecycle_client import LifecycleError
+
+    timeout = options.startup_timeout_s or STARTUP_TIMEOUT_S[plan.engine]
+    try:
+        client.lifecycle.drive_to_active(timeout, alive=lambda: dead() is None)
+    except LifecycleError as err:
+        raise ReplayError(f"{dead() or err}\n{log_tail(log_dir, 'planner')}") from None
 
 
 def _wait_for_graph(client, options: ReplayOptions, plan: ReplayPlan, dead: DeadCheck,

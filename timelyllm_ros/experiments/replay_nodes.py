@@ -78,8 +78,8 @@ def _endpoints(node, topic: str, kind: str) -> set[tuple[str, str]]:
 
 def missing_endpoints(client, plan: ReplayPlan, options: ReplayOptions) -> list[str]:
     """What the graph still lacks before goals may be published (empty: complete): the recorder
-    on every topic, the planner listening for goals (only once its engine is warm) and for each
-    robot's reports, and each robot's executor on its segments."""
+    on every topic, the planner listening for goals (only once it is active), and each robot's
+    executor serving its execute_segment action."""
     from timelyllm_ros.ros import topics  # imports rclpy: only once the replay knows it exists
 
     node = client.node
@@ -97,14 +97,20 @@ def missing_endpoints(client, plan: ReplayPlan, options: ReplayOptions) -> list[
     for robot in plan.robots:
         seg = topics.robot_topic(robot, topics.SKILL_SEGMENTS)
         rep = topics.robot_topic(robot, topics.EXECUTION_REPORTS)
-        seg_subs, rep_subs = _endpoints(node, seg, "sub"), _endpoints(node, rep, "sub")
-        if rec not in seg_subs or rec not in rep_subs:
+        if rec not in _endpoints(node, seg, "sub") or rec not in _endpoints(node, rep, "sub"):
             missing.append(f"recorder on /{robot}/*")
-        if not options.no_robots and (f"/{robot}", "executor") not in seg_subs:
+        if not options.no_robots and not _serves_action(
+                node, "executor", f"/{robot}", topics.robot_topic(robot, topics.EXECUTE_SEGMENT)):
             missing.append(f"executor of {robot}")
-        if not options.attach and ("/", "planner") not in rep_subs:
-            missing.append(f"planner on {rep}")
     return missing
+
+
+def _serves_action(node, name: str, namespace: str, action: str) -> bool:
+    try:
+        services = node.get_service_names_and_types_by_node(name, namespace)
+    except Exception:  # noqa: BLE001 - the node is not in the graph (yet)
+        return False
+    return any(srv == f"{action}/_action/send_goal" for srv, _types in services)
 
 
 def log_tail(log_dir: Path, label: str, chars: int = 1500) -> str:

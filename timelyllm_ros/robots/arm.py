@@ -63,6 +63,10 @@ class ArmDriver(abc.ABC):
     def close(self) -> None:
         """Release the hardware (optional)."""
 
+    def stop(self) -> None:
+        """Halt the arm now (optional); called from another thread when a segment is cancelled,
+        while a method may be running (that method should then raise)."""
+
 
 def _unquote(arg: str) -> str:
     a = arg.strip()
@@ -107,6 +111,8 @@ class ArmBackend:
         self.driver = driver
         self.fail_on_check = fail_on_check
         self._stop = stop or threading.Event()
+        # For the plan interpreter (core/skills/interpreter.py): TaskInterpreter(ARM, runtime).
+        self.runtime = ArmRuntime(driver, fail_on_check=fail_on_check)
 
     def execute(self, calls: Sequence[SkillCall]) -> tuple[bool, str]:
         started = time.monotonic()
@@ -132,6 +138,10 @@ class ArmBackend:
         msg = f"arm: {len(plan)} call(s) in {took:.2f} s"
         return True, msg + ("; " + "; ".join(notes) if notes else "")
 
+    def cancel(self) -> None:
+        """The executor cancelled the running segment: halt the arm."""
+        self.driver.stop()
+
     def close(self) -> None:
         self.driver.close()
 
@@ -141,7 +151,8 @@ class SimulatedArmDriver(ArmDriver):
 
     def __init__(self, model: ExecutionTimeModel | None = None, *, time_scale: float = 1.0,
                  seed: int | None = 0, jitter: bool = True, strict: bool = True,
-                 unreachable: Iterable[str] = (), stop: threading.Event | None = None):
+                 unreachable: Iterable[str] = (), stop: threading.Event | None = None,
+                 objects: Iterable[str] | None = None):
         if not time_scale > 0:
             raise ValueError(f"time_scale: must be > 0, got {time_scale}")
         self.model = model or ExecutionTimeModel.from_yaml()
@@ -149,6 +160,9 @@ class SimulatedArmDriver(ArmDriver):
         self.jitter = jitter
         self.strict = strict
         self.unreachable = set(unreachable)
+        # The arm's scene: the objects on the table (None: any name is taken to exist).
+        self.objects = None if objects is None else set(objects)
+        self.clock = 0.0                          # simulated seconds spent so far
         self._rng = np.random.default_rng(seed)
         self._stop = stop or threading.Event()
         self.held: str | None = None
@@ -166,11 +180,19 @@ class SimulatedArmDriver(ArmDriver):
     def _spend(self, name: str, args: tuple) -> None:
         d = self.duration(name, args)
         self.calls.append((name, args, d))
+        self.clock += d / self.time_scale   # simulated seconds, whatever the time scale
         if self._stop.wait(d):
             raise ArmError("interrupted: executor shutting down")
 
+    def _present(self, *names: str) -> None:
+        for name in names:
+            if self.objects is not None and name not in self.objects:
+                raise ArmError(f"no object {name!r} in the arm's scene "
+                               f"(there: {', '.join(sorted(self.objects)) or 'nothing'})")
+
     def pick(self, obj: str) -> None:
         self._spend("pick", (obj,))
+        self._present(obj)
         if obj in self.unreachable:
             raise ArmError(f"cannot reach {obj!r}")
         if self.strict and self.held is not None and self.held != obj:
@@ -180,6 +202,7 @@ class SimulatedArmDriver(ArmDriver):
 
     def place(self, obj: str, target: str) -> None:
         self._spend("place", (obj, target))
+        self._present(obj, target)
         if self.strict and self.held != obj:
             raise ArmError(f"not holding {obj!r} (holding {self.held!r})")
         if obj == target:
@@ -193,5 +216,46 @@ class SimulatedArmDriver(ArmDriver):
 
     def check(self, obj: str) -> bool:
         self._spend("check", (obj,))
+        if self.objects is not None and obj not in self.objects:
+            return False
         # The object is in a settled place (not dangling in the gripper).
         return self.held != obj
+
+
+class ArmRuntime:
+    """The interpreter's SkillRuntime (core/skills/interpreter.py) over an ArmDriver: a
+    driver's exception fails the call with its message; `check` returning False fails it too
+    (unless `fail_on_check=False`, when the value False is simply returned)."""
+
+    def __init__(self, driver: ArmDriver, *, fail_on_check: bool = True):
+        self.driver = driver
+        self.fail_on_check = fail_on_check
+
+    def now(self) -> float:
+        clock = getattr(self.driver, "clock", None)
+        return float(clock) if clock is not None else time.monotonic()
+
+    def check_call(self, name: str, args: tuple) -> None:
+        from timelyllm_ros.core.skills.interpreter import SkillFailure
+
+        try:
+            _validate(SkillCall(name, tuple(str(a) for a in args)))
+        except ValueError as err:
+            raise SkillFailure(str(err)) from None
+
+    def call(self, name: str, args: tuple):
+        from timelyllm_ros.core.skills.interpreter import SkillFailure
+
+        self.check_call(name, args)
+        try:
+            result = getattr(self.driver, name)(*args)
+        except Exception as err:  # noqa: BLE001 - any driver failure fails the call
+            raise SkillFailure(str(err) or type(err).__name__) from None
+        if name == "check":
+            if not result and self.fail_on_check:
+                raise SkillFailure(f"check({args[0]}) returned False")
+            return bool(result)
+        return None
+
+    def safe_stop(self) -> None:
+        self.driver.stop()

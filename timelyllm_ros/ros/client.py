@@ -1,7 +1,9 @@
-"""A small rclpy client of the planner: submit goals, watch statuses, segments and metrics.
+"""A small rclpy client of the planner: PlanTask goals with their feedback and results,
+UpdateTask / CancelTask, the planner's lifecycle, fire-and-forget TaskGoals, and the status,
+segment, report and metrics topics.
 
-Used by `timelyllm demo`, `timelyllm submit` and the end-to-end tests; a robotics engineer's own
-tooling can use it the same way.
+Used by `timelyllm demo`, `timelyllm submit/cancel/update/top` and the end-to-end tests; a
+robotics engineer's own tooling can use it the same way.
 """
 
 from __future__ import annotations
@@ -12,12 +14,16 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import rclpy
-from rclpy.executors import SingleThreadedExecutor
+from rclpy.action import ActionClient
+from rclpy.executors import MultiThreadedExecutor
 from rclpy.node import Node
 
+from timelyllm_ros.action import PlanTask
 from timelyllm_ros.msg import (ExecutionReport, PlannerMetrics, SkillSegment, TaskGoal,
                                TaskStatus)
 from timelyllm_ros.ros import topics
+from timelyllm_ros.ros.lifecycle_client import LifecycleClient
+from timelyllm_ros.srv import CancelTask, UpdateTask
 
 TERMINAL = {"done", "failed", "rejected", "cancelled"}
 
@@ -32,6 +38,55 @@ class Observed:
     def last(self, task_id: str) -> TaskStatus | None:
         seen = self.statuses.get(task_id)
         return seen[-1] if seen else None
+
+
+class GoalRun:
+    """One PlanTask goal: its feedback as it arrives, its result when it ends."""
+
+    def __init__(self, client: "PlannerClient", goal: PlanTask.Goal, on_feedback=None):
+        self.goal = goal
+        self.feedback: list[PlanTask.Feedback] = []
+        self._on_feedback = on_feedback
+        self._client = client
+        self.handle = None
+        self._result_future = None
+
+    def _feedback(self, msg) -> None:
+        self.feedback.append(msg.feedback)
+        if self._on_feedback is not None:
+            self._on_feedback(msg.feedback)
+
+    def wait_accepted(self, future, timeout_s: float) -> bool:
+        if not _wait(future, timeout_s):
+            raise TimeoutError(f"PlanTask goal not answered within {timeout_s:.0f} s")
+        self.handle = future.result()
+        if self.handle.accepted:
+            self._result_future = self.handle.get_result_async()
+        return bool(self.handle.accepted)
+
+    def result(self, timeout_s: float) -> tuple[int, PlanTask.Result] | None:
+        """(GoalStatus code, result), or None if it did not end within `timeout_s`."""
+        if self._result_future is None or not _wait(self._result_future, timeout_s):
+            return None
+        response = self._result_future.result()
+        return response.status, response.result
+
+    def cancel(self, timeout_s: float = 10.0):
+        """Request cancellation; returns the CancelGoal response (goals_canceling non-empty
+        when the planner took it)."""
+        future = self.handle.cancel_goal_async()
+        if not _wait(future, timeout_s):
+            raise TimeoutError("cancel not answered")
+        return future.result()
+
+
+def _wait(future, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not future.done():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 class PlannerClient:
@@ -50,7 +105,11 @@ class PlannerClient:
                                       lambda m: self._record(self.seen.metrics, m), topics.METRICS_QOS)
         for robot in robots:
             self.watch_robot(robot)
-        self._executor = SingleThreadedExecutor()
+        self.plan_action = ActionClient(self.node, PlanTask, topics.PLAN_TASK, **topics.action_qos())
+        self._update = self.node.create_client(UpdateTask, topics.UPDATE_TASK)
+        self._cancel = self.node.create_client(CancelTask, topics.CANCEL_TASK)
+        self.lifecycle = LifecycleClient(self.node, "planner")
+        self._executor = MultiThreadedExecutor(num_threads=2)
         self._executor.add_node(self.node)
         self._thread = threading.Thread(target=self._executor.spin, daemon=True)
         self._thread.start()
@@ -78,6 +137,49 @@ class PlannerClient:
                 return True
             time.sleep(0.2)
         return False
+
+    def wait_for_action(self, timeout_s: float, alive=lambda: True) -> bool:
+        """The planner opens /timelyllm/plan_task when it is activated."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and alive():
+            if self.plan_action.server_is_ready():
+                return True
+            time.sleep(0.1)
+        return False
+
+    def plan(self, task_id: str, robot_id: str, instruction: str, *, skill_set: str = "",
+             urgency: str = "normal", ert_s: float = 0.0, slope: float = 0.0,
+             initial_utility: float = 0.0, on_feedback=None, timeout_s: float = 30.0) -> GoalRun:
+        """Send a PlanTask goal and wait until the action layer answers it (planner-side
+        refusals come back as a result with state "rejected")."""
+        goal = PlanTask.Goal(task_id=task_id, robot_id=robot_id, skill_set=skill_set,
+                             instruction=instruction, urgency=urgency,
+                             expected_response_time_s=float(ert_s),
+                             decline_slope_per_s=float(slope),
+                             initial_utility=float(initial_utility))
+        run = GoalRun(self, goal, on_feedback)
+        if not run.wait_accepted(self.plan_action.send_goal_async(goal, feedback_callback=run._feedback),
+                                 timeout_s):
+            raise RuntimeError("PlanTask goal was not accepted")
+        return run
+
+    def update_task(self, task_id: str, *, urgency: str = "", ert_s: float = 0.0,
+                    slope: float = 0.0, initial_utility: float = 0.0,
+                    timeout_s: float = 15.0) -> UpdateTask.Response:
+        return self._call(self._update, UpdateTask.Request(
+            task_id=task_id, urgency=urgency, expected_response_time_s=float(ert_s),
+            decline_slope_per_s=float(slope), initial_utility=float(initial_utility)), timeout_s)
+
+    def cancel_task(self, task_id: str, reason: str = "", timeout_s: float = 15.0) -> CancelTask.Response:
+        return self._call(self._cancel, CancelTask.Request(task_id=task_id, reason=reason), timeout_s)
+
+    def _call(self, client, request, timeout_s: float):
+        if not client.wait_for_service(timeout_sec=min(timeout_s, 5.0)):
+            raise TimeoutError(f"service {client.srv_name} is not available (is the planner active?)")
+        future = client.call_async(request)
+        if not _wait(future, timeout_s):
+            raise TimeoutError(f"service {client.srv_name}: no answer within {timeout_s:.0f} s")
+        return future.result()
 
     def submit(self, task_id: str, robot_id: str, instruction: str, *, skill_set: str = "drone",
                urgency: str = "normal", ert_s: float = 0.0, slope: float = 0.0,

@@ -27,7 +27,9 @@ def s_to_time(seconds: float) -> Time:
 
 
 class ClockBridge:
-    """Maps ROS (wall) time to the engine's monotonic clock, in which the scheduler works."""
+    """Maps ROS time to the engine's monotonic clock, in which the scheduler works. Nodes pass
+    their node clock as `ros_now` (so use_sim_time applies); the wall-clock default is for
+    code outside a node."""
 
     def __init__(self, engine_now=time.monotonic, ros_now=time.time):
         self._engine_now = engine_now

@@ -13,7 +13,8 @@ from typing import Any
 
 import yaml
 
-_NODE_KEYS = {"name", "module", "executable", "namespace", "parameters_file", "parameters"}
+_NODE_KEYS = {"name", "module", "executable", "namespace", "parameters_file", "parameters",
+              "lifecycle"}
 
 
 class LaunchDescriptionError(ValueError):
@@ -28,10 +29,17 @@ class NodeSpec:
     namespace: str = ""
     parameters_file: Path | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
+    # A managed node: the runner drives it to active (configure, then activate).
+    lifecycle: bool = False
 
     @property
     def label(self) -> str:
         return f"{self.namespace}/{self.name}" if self.namespace else self.name
+
+    @property
+    def fqn(self) -> str:
+        """The node's fully qualified name, e.g. /planner or /drone_1/executor."""
+        return f"/{self.namespace.strip('/')}/{self.name}" if self.namespace else f"/{self.name}"
 
     def ros_args(self) -> list[str]:
         args = ["--ros-args", "-r", f"__node:={self.name}"]
@@ -72,12 +80,14 @@ def load_description(path: str | Path, root: str | Path | None = None) -> list[N
         params = entry.get("parameters") or {}
         if not isinstance(params, dict):
             raise LaunchDescriptionError(f"{where}: 'parameters' must be a mapping")
+        if not isinstance(entry.get("lifecycle", False), bool):
+            raise LaunchDescriptionError(f"{where}: 'lifecycle' must be true or false")
         params_file = entry.get("parameters_file")
         specs.append(NodeSpec(
             name=entry["name"], module=entry["module"], executable=entry["executable"],
             namespace=str(entry.get("namespace") or ""),
             parameters_file=(root / params_file) if params_file else None,
-            parameters=dict(params)))
+            parameters=dict(params), lifecycle=entry.get("lifecycle", False)))
     return specs
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import re
 import sys
 import threading
-import time
 from typing import Callable
 
 from rcl_interfaces.msg import ParameterDescriptor
@@ -138,7 +137,7 @@ class LrtraceRecorderNode(Node):
 
     # --- recording ----------------------------------------------------------------------------
     def _on_message(self, topic: str, msgtype: str, msg) -> None:
-        stamp = time.time_ns()
+        stamp = self.get_clock().now().nanoseconds  # the node clock (use_sim_time works)
         try:
             self.writer.write(topic, msg, stamp, msgtype=msgtype)
         except Exception as err:  # noqa: BLE001 - one bad message must not stop the recording

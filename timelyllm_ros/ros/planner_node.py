@@ -1,375 +1,301 @@
-"""The planner node: task goals in, skill segments out, execution reports back in.
+"""The planner: a managed lifecycle node serving plans to a fleet of robots.
 
-Threads:
-- the rclpy executor runs callbacks; they only validate and enqueue, and never touch the engine;
-- one engine thread owns the engine and the scheduler: it builds the engine, drains the inbox,
-  and ticks the scheduler. Publishing from it is safe (rclpy publishers are thread-safe).
+Lifecycle (drive it with `ros2 lifecycle set /planner configure` etc.; `timelyllm launch` and
+the demo drive it to active):
+- configure: read the parameters, build the engine and warm its prefix cache (engine thread);
+- activate: open the PlanTask action, the UpdateTask / CancelTask services (first activation)
+  and the TaskGoal subscription; admit goals;
+- deactivate: stop admitting (no TaskGoal subscription; PlanTask goals end "rejected" with the
+  reason); tasks already admitted run to the end, the engine is kept;
+- cleanup: cancel what is still running and release the engine.
 
-The goal subscription is created only once the engine is loaded and its prefix cache warm, so a
-task's response time never includes engine start-up; clients wait for a subscriber on
-/timelyllm/task_goals before submitting.
+Threads: the rclpy executor runs callbacks; they validate and hand work to the engine thread
+(engine_loop.py), which alone touches the engine and the scheduler. Segments go to robots as
+ExecuteSegment goals (robot_link.py) and are also published on /<robot>/skill_segments as the
+record LRTrace's recorder keeps; TaskStatus on every change, PlannerMetrics and diagnostics
+once a second.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import queue
+import os
 import sys
-import threading
-import traceback
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
-from typing import Any
+from dataclasses import replace
 
 import rclpy
-from rclpy.node import Node
-from rclpy.parameter import Parameter
+from rclpy.callback_groups import ReentrantCallbackGroup
+from rclpy.lifecycle import LifecycleNode, State, TransitionCallbackReturn
+from rcl_interfaces.msg import SetParametersResult
 
-from timelyllm_ros.core.engine.base import ENGINE_SCHEDULING
-from timelyllm_ros.core.engine.factory import EngineSpec, build_engine
-from timelyllm_ros.core.engine.vllm_engine import VllmEngineConfig
-from timelyllm_ros.core.exec_model import ExecutionTimeModel
-from timelyllm_ros.core.policies.registry import DEFAULT_POLICY, get_policy
-from timelyllm_ros.core.sched.scheduler import SchedulerConfig, SegmentScheduler
-from timelyllm_ros.core.sched.interface import SegmentDispatch, TaskRejected
-from timelyllm_ros.core.skills.skillset import load_skillsets
-from timelyllm_ros.core.task import TaskSnapshot, TaskSpec
-from timelyllm_ros.core.tuf import default_config_dir, load_tuf_levels
-from timelyllm_ros.core.validation import GoalError, validate_goal
-from timelyllm_ros.msg import ExecutionReport, PlannerMetrics, TaskGoal, TaskStatus
-from timelyllm_ros.ros import topics
-from timelyllm_ros.ros.runtime import spin_until_shutdown
+from timelyllm_ros.core.sched.interface import SegmentDispatch
+from timelyllm_ros.core.task import TaskSnapshot
+from timelyllm_ros.core.validation import GoalError, GoalFields, validate_goal
+from timelyllm_ros.msg import PlannerMetrics, SkillSegment, TaskGoal, TaskStatus
+from timelyllm_ros.ros import diagnostics, planner_params, share, topics
 from timelyllm_ros.ros.conversions import (ClockBridge, goal_fields, s_to_time, segment_msg,
-                                             status_msg, time_to_s)
+                                           status_msg)
+from timelyllm_ros.ros.engine_loop import EngineLoop, Refused
+from timelyllm_ros.ros.plan_task_server import PlanTaskServer, Watch
+from timelyllm_ros.ros.robot_link import RobotLink
 
-ENGINE_PARAMS = {
-    # ROS parameter -> (VllmEngineConfig field, default)
-    "engine.dtype": ("dtype", "float32"),
-    "engine.max_model_len": ("max_model_len", 2048),
-    "engine.memory_fraction": ("gpu_memory_utilization", 0.3),
-    "engine.enforce_eager": ("enforce_eager", True),
-    "engine.tensor_parallel_size": ("tensor_parallel_size", 1),
-    "engine.max_num_seqs": ("max_num_seqs", 32),
-    "engine.block_size": ("block_size", 0),
-    "engine.repetition_penalty": ("repetition_penalty", 1.15),
-    "engine.temperature": ("temperature", 0.0),
-    "engine.seed": ("seed", 0),
-    # vLLM's scheduling_policy; empty = what the planner's policy expects (priority for the BROS
-    # family: best-effort requests are admitted after, and preempted before, the rest).
-    "engine.scheduling_policy": ("scheduling_policy", ""),
-}
-
-
-@dataclass
-class _Goal:
-    spec: TaskSpec
-
-
-@dataclass
-class _Report:
-    msg: ExecutionReport
-
-
-class PlannerNode(Node):
-    def __init__(self):
-        super().__init__("planner")
-        p = self._declare_parameters()
-        self._policy_name = p["policy"]
-        self._policy = get_policy(self._policy_name)
-        config_dir = Path(p["config_dir"]) if p["config_dir"] else default_config_dir()
-        self._levels = load_tuf_levels(config_dir / "tuf_levels.yaml")
-        self._skill_sets = load_skillsets(config_dir / "skillsets")
-        self._exec_model = ExecutionTimeModel.from_yaml(
-            Path(p["exec_model"]) if p["exec_model"] else config_dir / "exec_model.yaml")
-        self._robots = _parse_robots(p["robots"], self._skill_sets)
-        self._scheduler_config = SchedulerConfig(
-            network_latency_s=p["network_latency_s"],
-            report_timeout_factor=p["report_timeout_factor"],
-            report_timeout_min_s=p["report_timeout_min_s"],
-            # A planner runs for days: keep recent finished tasks (for duplicate-id checks and
-            # status queries), not all of them.
-            max_finished_tasks=10_000)
-        self._engine_profile = None
-        if p["engine.profile"]:
-            from timelyllm_ros.core.engine.cost_model import EngineProfile
-
-            self._engine_profile = EngineProfile.from_yaml(config_dir / p["engine.profile"])
-        self._engine_kind = p["engine.kind"]
-        self._engine_scheduling = p["engine.scheduling_policy"] or \
-            self._policy.engine_needs().scheduling_policy
-        if self._engine_scheduling not in ENGINE_SCHEDULING:
-            raise ValueError(f"parameter engine.scheduling_policy: {self._engine_scheduling!r} is "
-                             f"not one of {', '.join(ENGINE_SCHEDULING)} (or empty)")
-        self._scripted_plans: dict[str, str] = {}
-        if self._engine_kind == "sim":
-            # The cost-model engine the policy needs, paced to the wall clock.
-            from timelyllm_ros.core.engine.cost_model import EngineProfile
-
-            sim_profile = p["engine.sim_profile"]
-            self._engine_spec = EngineSpec(
-                kind="sim-realtime", scheduling_policy=self._engine_scheduling,
-                profile=EngineProfile.from_yaml(sim_profile) if sim_profile else None)
-            self._engine_model = "cost model"
-            self._scripted_plans = _trace_plans()
-        elif self._engine_kind == "vllm":
-            config = self._engine_config_from(p)
-            self._engine_spec = EngineSpec(kind="vllm", scheduling_policy=self._engine_scheduling,
-                                           profile=self._engine_profile, vllm=asdict(config))
-            self._engine_model = config.model
-        else:
-            raise ValueError(f"parameter engine.kind: {self._engine_kind!r} is not 'vllm' or 'sim'")
-        self._warm = p["warm_prefix_cache"]
-
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._ready = threading.Event()
-        self._time_bridge = ClockBridge()
-        self._status_pub = self.create_publisher(TaskStatus, topics.TASK_STATUS, topics.STATUS_QOS)
-        self._metrics_pub = self.create_publisher(PlannerMetrics, topics.PLANNER_METRICS,
-                                                  topics.METRICS_QOS)
-        self._segment_pubs: dict[str, Any] = {}
-        self._report_subs: dict[str, Any] = {}
-        self._robot_lock = threading.Lock()
-        for robot_id in self._robots or {}:
-            self._ensure_robot(robot_id)
-        self._goal_sub = None
-        self._scheduler: SegmentScheduler | None = None
-        self._metrics_timer = self.create_timer(1.0, self._publish_metrics)
-        self._engine_thread = threading.Thread(target=self._engine_main, name="engine", daemon=True)
-        self._engine_thread.start()
-
-    # ------------------------------------------------------------------ parameters
-    def _declare_parameters(self) -> dict[str, Any]:
-        defaults = {
-            "policy": DEFAULT_POLICY,
-            "model": "",
-            "config_dir": "",
-            "exec_model": "",
-            "robots": Parameter.Type.STRING_ARRAY,
-            "network_latency_s": 0.0,
-            "report_timeout_factor": 3.0,
-            "report_timeout_min_s": 5.0,
-            "warm_prefix_cache": True,
-            # "vllm": the real engine. "sim": the calibrated cost-model engine paced to the wall
-            # clock, for replaying large LRTrace workloads over ROS; it "generates" each trace's
-            # plan, looked up by the goal's instruction in lrtrace/traces.yaml.
-            "engine.kind": "vllm",
-            "engine.sim_profile": "",
-            # Cost model of the real engine (from `timelyllm profile`), relative to config_dir;
-            # policies that predict step times (bros, hybrid, lamps and their combinations)
-            # use it. Empty = their default (the paper's GPU profile).
-            "engine.profile": "",
-        }
-        values = {}
-        for name, default in defaults.items():
-            if isinstance(default, Parameter.Type):
-                self.declare_parameter(name, default)
-                values[name] = list(self.get_parameter(name).value or [])
-            else:
-                values[name] = self.declare_parameter(name, default).value
-        for name, (_field, default) in ENGINE_PARAMS.items():
-            values[name] = self.declare_parameter(name, default).value
-        return values
-
-    def _engine_config_from(self, p: dict[str, Any]) -> VllmEngineConfig:
-        from timelyllm_ros.core.engine.model_prep import DEFAULT_MODEL_DIR
-
-        model = p["model"] or str(DEFAULT_MODEL_DIR)
-        if not Path(model).is_dir():
-            raise ValueError(f"parameter model: {model} is not a directory; run "
-                             "`timelyllm model prepare` or point it at a local HF model")
-        fields = {field: p[name] for name, (field, _d) in ENGINE_PARAMS.items()}
-        if not fields["block_size"]:
-            fields["block_size"] = None
-        fields["scheduling_policy"] = self._engine_scheduling
-        return VllmEngineConfig(model=model, **fields)
-
-    # ------------------------------------------------------------------ ROS side (callbacks)
-    def _ensure_robot(self, robot_id: str) -> None:
-        with self._robot_lock:
-            if robot_id in self._segment_pubs:
-                return
-            from timelyllm_ros.msg import SkillSegment
-
-            self._segment_pubs[robot_id] = self.create_publisher(
-                SkillSegment, topics.robot_topic(robot_id, topics.SKILL_SEGMENTS), topics.COMMAND_QOS)
-            self._report_subs[robot_id] = self.create_subscription(
-                ExecutionReport, topics.robot_topic(robot_id, topics.EXECUTION_REPORTS),
-                lambda msg, rid=robot_id: self._on_report(rid, msg), topics.COMMAND_QOS)
-
-    def _on_goal(self, msg: TaskGoal) -> None:
-        try:
-            spec = validate_goal(goal_fields(msg, self._time_bridge), levels=self._levels,
-                                 known_robots=self._robots, now_s=self._time_bridge.to_engine(
-                                     self.get_clock().now().nanoseconds * 1e-9))
-        except GoalError as err:
-            self.get_logger().warning(f"rejected goal {msg.task_id!r}: {err}")
-            self._publish_status(_bare_status(msg.task_id, msg.robot_id, "rejected", str(err)))
-            return
-        if self._engine_kind == "sim":
-            spec = replace(spec, scripted_plan=self._scripted_plans.get(
-                spec.instruction, _FALLBACK_PLANS.get(spec.skill_set, "tk;ld;")))
-        self._ensure_robot(spec.robot_id)
-        self._inbox.put(_Goal(spec))
-        self._wake.set()
-
-    def _on_report(self, robot_id: str, msg: ExecutionReport) -> None:
-        if msg.robot_id and msg.robot_id != robot_id:
-            self.get_logger().error(f"report on /{robot_id} names robot_id {msg.robot_id!r}; ignored")
-            return
-        self._inbox.put(_Report(msg))
-        self._wake.set()
-
-    # ------------------------------------------------------------------ engine thread
-    def _engine_main(self) -> None:
-        try:
-            self.get_logger().info(
-                f"loading {self._engine_kind} engine ({self._engine_model}, "
-                f"policy {self._policy_name})")
-            engine = build_engine(self._engine_spec, self._policy.engine_needs())
-            self._time_bridge = ClockBridge(engine_now=engine.now)
-            scheduler = SegmentScheduler(engine, self._policy, self._skill_sets, self._exec_model,
-                                         _RosListener(self), self._scheduler_config)
-            if self._warm:
-                scheduler.warm_prefix_cache()
-            self._scheduler = scheduler
-        except Exception as err:  # noqa: BLE001 - reported, then the node exits
-            self.get_logger().fatal(f"engine failed to start: {err}\n{traceback.format_exc()}")
-            self._stop.set()
-            return
-        self._goal_sub = self.create_subscription(TaskGoal, topics.TASK_GOALS, self._on_goal,
-                                                  topics.COMMAND_QOS)
-        self._ready.set()
-        self.get_logger().info("planner ready: listening on " + topics.TASK_GOALS)
-        try:
-            while not self._stop.is_set():
-                self._drain_inbox(scheduler)
-                if not scheduler.tick():
-                    timer = scheduler.next_timer_s()
-                    wait = 0.5 if timer is None else min(0.5, max(0.0, timer - engine.now()))
-                    self._wake.wait(wait)
-                    self._wake.clear()
-        except Exception as err:  # noqa: BLE001
-            self.get_logger().fatal(f"engine loop failed: {err}\n{traceback.format_exc()}")
-        finally:
-            scheduler.shutdown("planner shutting down")
-            engine.shutdown()
-
-    def _drain_inbox(self, scheduler: SegmentScheduler) -> None:
-        while True:
-            try:
-                item = self._inbox.get_nowait()
-            except queue.Empty:
-                return
-            if isinstance(item, _Goal):
-                try:
-                    scheduler.submit(item.spec)
-                except TaskRejected as err:
-                    self.get_logger().warning(f"rejected goal {item.spec.task_id!r}: {err}")
-            else:
-                self._apply_report(scheduler, item.msg)
-
-    def _apply_report(self, scheduler: SegmentScheduler, msg: ExecutionReport) -> None:
-        started, finished = time_to_s(msg.started), time_to_s(msg.finished)
-        try:
-            scheduler.on_report(msg.task_id, msg.sequence, self._time_bridge.to_engine(started),
-                                self._time_bridge.to_engine(finished), msg.success, msg.message)
-        except (KeyError, ValueError) as err:
-            # Garbage from a robot is logged with the field at fault and changes nothing else.
-            self.get_logger().error(
-                f"ignored report from {msg.robot_id or '?'} for task {msg.task_id!r}: "
-                f"{err.args[0] if err.args else err}")
-
-    # ------------------------------------------------------------------ publishing
-    def publish_segment(self, dispatch: SegmentDispatch) -> None:
-        self._ensure_robot(dispatch.robot_id)
-        stamp = s_to_time(self._time_bridge.to_ros(dispatch.dispatched_s))
-        self._segment_pubs[dispatch.robot_id].publish(segment_msg(dispatch, stamp))
-
-    def _publish_status(self, msg: TaskStatus) -> None:
-        msg.stamp = self.get_clock().now().to_msg()
-        self._status_pub.publish(msg)
-
-    def publish_snapshot(self, snapshot: TaskSnapshot) -> None:
-        self._publish_status(status_msg(snapshot, self.get_clock().now().to_msg()))
-
-    def _publish_metrics(self) -> None:
-        scheduler = self._scheduler
-        if scheduler is None:
-            return
-        kv = scheduler.engine.kv_usage()
-        overhead = scheduler.fetch_overhead_s[-200:]
-        self._metrics_pub.publish(PlannerMetrics(
-            policy=self._policy_name, engine=scheduler.engine.name,
-            queued=scheduler.queue_length(), running=len(scheduler.running_request_ids()),
-            active_tasks=len(scheduler.active_tasks()), tasks_total=len(scheduler.tasks),
-            kv_free_blocks=min(kv.free_blocks, 2**32 - 1), kv_total_blocks=min(kv.total_blocks, 2**32 - 1),
-            fetch_overhead_ms=1e3 * sum(overhead) / len(overhead) if overhead else 0.0,
-            stamp=self.get_clock().now().to_msg()))
-
-    def shutdown(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        self._engine_thread.join(timeout=30)
-
-
-class _RosListener:
-    def __init__(self, node: PlannerNode):
-        self._node = node
-
-    def on_segment(self, dispatch: SegmentDispatch) -> None:
-        self._node.publish_segment(dispatch)
-
-    def on_status(self, snapshot: TaskSnapshot) -> None:
-        self._node.publish_snapshot(snapshot)
-
-
+ENGINE_START_TIMEOUT_S = 900.0
 _FALLBACK_PLANS = {"drone": "tk;mf,100;tc,90;ld;", "arm": "pick(box)->place(box,table)",
                    "chat": "Hello. How can I help?"}
 
 
-def _trace_plans() -> dict[str, str]:
-    from timelyllm_ros.lrtrace.traces import load_traces
+class PlannerNode(LifecycleNode):
+    def __init__(self, **kwargs):
+        super().__init__("planner", **kwargs)
+        planner_params.declare(self)
+        self.settings = None
+        self.loop: EngineLoop | None = None
+        self.active = False
+        self._group = ReentrantCallbackGroup()
+        self._bridge = ClockBridge(ros_now=self._ros_now)
+        self._server: PlanTaskServer | None = None
+        self._goal_sub = None
+        self._robots: RobotLink | None = None
+        self._segment_pubs: dict[str, object] = {}
+        self._status_pub = self.create_publisher(TaskStatus, topics.TASK_STATUS, topics.STATUS_QOS)
+        self._metrics_pub = self.create_publisher(PlannerMetrics, topics.PLANNER_METRICS,
+                                                  topics.METRICS_QOS)
+        self.create_timer(1.0, self._publish_metrics, callback_group=self._group)
+        self._diag = diagnostics.Publisher(self, "planner", "planner", self._diagnose, self._group)
+        self.add_on_set_parameters_callback(self._on_set_parameters)
 
-    return {t.instruction: t.plan for t in load_traces().values()}
+    def _ros_now(self) -> float:
+        return self.get_clock().now().nanoseconds * 1e-9
 
+    # ------------------------------------------------------------------ lifecycle
+    def on_configure(self, state: State) -> TransitionCallbackReturn:
+        try:
+            self.settings = planner_params.PlannerSettings.from_parameters(planner_params.values(self))
+        except (ValueError, KeyError, OSError) as err:
+            self.get_logger().error(f"configure failed: {err}")
+            return TransitionCallbackReturn.FAILURE
+        self._robots = RobotLink(self, self._group, self._post_report, self._bridge.to_ros)
+        for robot_id in self.settings.robots or {}:
+            self._robots.client(robot_id)
+        self.loop = EngineLoop(self.settings, self, self.get_logger()).start()
+        if not self.loop.wait_ready(ENGINE_START_TIMEOUT_S):
+            self.get_logger().error(f"configure failed: {self.loop.error or 'engine start timed out'}")
+            self.loop.stop()
+            self.loop = None
+            return TransitionCallbackReturn.FAILURE
+        self.get_logger().info("planner configured: engine up, prefix cache warm")
+        return TransitionCallbackReturn.SUCCESS
 
-def _parse_robots(entries: list[str], skill_sets: dict) -> dict[str, str] | None:
-    """`["drone_1:drone", ...]` -> {robot id: skill set}; empty list = accept any robot."""
-    if not entries:
+    def on_activate(self, state: State) -> TransitionCallbackReturn:
+        if self._server is None:
+            self._server = PlanTaskServer(self, self._group)
+        self._goal_sub = self.create_subscription(TaskGoal, topics.TASK_GOALS, self._on_goal,
+                                                  topics.COMMAND_QOS, callback_group=self._group)
+        self.active = True
+        self.get_logger().info(f"planner active: {topics.PLAN_TASK}, {topics.TASK_GOALS}")
+        return super().on_activate(state)
+
+    def on_deactivate(self, state: State) -> TransitionCallbackReturn:
+        self.active = False
+        if self._goal_sub is not None:
+            self.destroy_subscription(self._goal_sub)
+            self._goal_sub = None
+        self.get_logger().info("planner inactive: not admitting goals; running tasks continue")
+        return super().on_deactivate(state)
+
+    def on_cleanup(self, state: State) -> TransitionCallbackReturn:
+        self._release()
+        return TransitionCallbackReturn.SUCCESS
+
+    def on_shutdown(self, state: State) -> TransitionCallbackReturn:
+        self._release()
+        return TransitionCallbackReturn.SUCCESS
+
+    def _release(self, timeout_s: float = 1.0) -> None:
+        self.active = False
+        if self._goal_sub is not None:
+            self.destroy_subscription(self._goal_sub)
+            self._goal_sub = None
+        if self.loop is not None:
+            self.loop.stop(timeout_s)   # cancels running tasks, then releases the engine
+            self.loop = None
+        if self._server is not None:
+            self._server.destroy()
+            self._server = None
+
+    # ------------------------------------------------------------------ goals in (ROS threads)
+    def _on_goal(self, msg: TaskGoal) -> None:
+        fields = goal_fields(msg, self._bridge)
+        reason = self.admit(fields, None)
+        if reason is not None:
+            self.get_logger().warning(f"rejected goal {msg.task_id!r}: {reason}")
+
+    def admit(self, fields: GoalFields, watch: Watch | None) -> str | None:
+        """Validate a goal and hand it to the engine thread; the reason if it is refused."""
+        loop = self.loop
+        if not self.active or loop is None or self._server is None:
+            return f"planner: not active (lifecycle state {self._state_label()}); activate it first"
+        try:
+            spec = validate_goal(fields, levels=self.settings.levels,
+                                 known_robots=self.settings.robots,
+                                 now_s=self._bridge.to_engine(self._ros_now()))
+        except GoalError as err:
+            self.publish_rejection(fields.task_id, fields.robot_id, str(err))
+            return str(err)
+        if self.settings.engine_kind == "sim":
+            spec = replace(spec, scripted_plan=self.settings.scripted_plans.get(
+                spec.instruction, _FALLBACK_PLANS.get(spec.skill_set, "tk;ld;")))
+        server = self._server
+        loop.post(lambda scheduler: server.submit(scheduler, spec, watch))
         return None
-    robots = {}
-    for entry in entries:
-        robot_id, sep, kind = entry.partition(":")
-        if not sep or not robot_id or kind not in skill_sets:
-            raise ValueError(f"parameter robots: {entry!r} must be 'robot_id:skill_set' with a "
-                             f"skill set in {sorted(skill_sets)}")
-        robots[robot_id] = kind
-    return robots
 
+    def _post_report(self, task_id: str, sequence: int, started: float | None,
+                     finished: float | None, success: bool, message: str) -> None:
+        loop = self.loop
+        if loop is None:
+            return
 
-def _bare_status(task_id: str, robot_id: str, state: str, reason: str) -> TaskStatus:
-    nan = math.nan
-    return TaskStatus(task_id=task_id, robot_id=robot_id, state=state, reason=reason,
-                      response_time_s=nan, utility=nan, waiting_time_s=nan)
+        def apply(scheduler):
+            now = scheduler.engine.now()
+            start = self._bridge.to_engine(started) if started else now
+            finish = self._bridge.to_engine(finished) if finished else max(now, start)
+            try:
+                scheduler.on_report(task_id, sequence, start, finish, success, message)
+            except (KeyError, ValueError) as err:
+                self.get_logger().error(f"ignored result for {task_id}#{sequence}: "
+                                        f"{err.args[0] if err.args else err}")
+
+        loop.post(apply)
+
+    # ------------------------------------------------------------------ sink (engine thread)
+    def engine_started(self, engine) -> None:
+        self._bridge = ClockBridge(engine_now=engine.now, ros_now=self._ros_now)
+
+    def on_segment(self, d: SegmentDispatch) -> None:
+        pub = self._segment_pubs.get(d.robot_id)
+        if pub is None:
+            pub = self._segment_pubs[d.robot_id] = self.create_publisher(
+                SkillSegment, topics.robot_topic(d.robot_id, topics.SKILL_SEGMENTS), topics.COMMAND_QOS)
+        pub.publish(segment_msg(d, s_to_time(self._bridge.to_ros(d.dispatched_s))))
+        self._robots.dispatch(d)
+        if self._server is not None:
+            self._server.on_segment(d, self._bridge.to_ros(d.estimated_done_s))
+
+    def on_status(self, snapshot: TaskSnapshot) -> None:
+        msg = status_msg(snapshot, self.get_clock().now().to_msg())
+        task = self.loop.scheduler.tasks.get(snapshot.task_id) if self.loop and self.loop.scheduler else None
+        if task is not None and snapshot.state != "rejected":
+            tuf = task.spec.tuf
+            msg.urgency, msg.expected_response_time_s = task.spec.urgency, tuf.ert_s
+            msg.decline_slope_per_s, msg.initial_utility = tuf.slope_per_s, tuf.initial_utility
+        self._status_pub.publish(msg)
+        if snapshot.is_terminal and self._robots is not None:
+            self._robots.end_task(snapshot.task_id)
+        if self._server is not None:
+            self._server.on_status(snapshot)
+
+    def stop_robot(self, task_id: str) -> None:
+        """Cancel the robot's segment goals for a task that is being cancelled."""
+        if self._robots is not None:
+            self._robots.end_task(task_id)
+
+    def publish_rejection(self, task_id: str, robot_id: str, reason: str) -> None:
+        nan = math.nan
+        self._status_pub.publish(TaskStatus(
+            task_id=task_id, robot_id=robot_id, state="rejected", reason=reason,
+            response_time_s=nan, utility=nan, waiting_time_s=nan,
+            expected_response_time_s=nan, decline_slope_per_s=nan, initial_utility=nan,
+            stamp=self.get_clock().now().to_msg()))
+
+    # ------------------------------------------------------------------ parameters
+    def _on_set_parameters(self, params) -> SetParametersResult:
+        for p in params:
+            if p.name == "policy" and self.loop is not None and self.loop.alive:
+                name = p.value
+                try:
+                    self.loop.call(lambda scheduler: self.loop.replace_policy(scheduler, name))
+                except KeyError as err:
+                    return SetParametersResult(successful=False, reason=f"policy: {err.args[0]}")
+                except (Refused, TimeoutError) as err:
+                    return SetParametersResult(successful=False, reason=f"policy: {err}")
+                self.get_logger().info(f"policy is now {name}")
+            elif p.name == "policy":
+                from timelyllm_ros.core.policies.registry import get_policy
+
+                try:
+                    get_policy(p.value)
+                except KeyError as err:
+                    return SetParametersResult(successful=False, reason=f"policy: {err.args[0]}")
+            elif p.name in ("report_timeout_factor", "report_timeout_min_s") and self.settings:
+                field = p.name
+                setattr(self.settings.scheduler_config, field, float(p.value))
+        return SetParametersResult(successful=True)
+
+    # ------------------------------------------------------------------ periodic
+    def _publish_metrics(self) -> None:
+        loop = self.loop
+        stats = loop.stats if loop is not None else {}
+        if not stats:
+            return
+        self._metrics_pub.publish(PlannerMetrics(
+            policy=stats["policy"], engine=stats["engine"], queued=stats["queued"],
+            running=stats["running"], active_tasks=stats["active_tasks"],
+            tasks_total=stats["tasks_total"],
+            kv_free_blocks=min(stats["kv_free_blocks"], 2**32 - 1),
+            kv_total_blocks=min(stats["kv_total_blocks"], 2**32 - 1),
+            fetch_overhead_ms=stats["fetch_overhead_ms"], stamp=self.get_clock().now().to_msg()))
+
+    def _state_label(self) -> str:
+        try:
+            return self._state_machine.current_state[1]
+        except Exception:  # noqa: BLE001
+            return "unknown"
+
+    def _diagnose(self):
+        loop = self.loop
+        state = self._state_label()
+        values = {"lifecycle_state": state, "engine_up": bool(loop and loop.ready.is_set() and loop.alive)}
+        stats = loop.stats if loop is not None else {}
+        if stats:
+            values.update({k: stats[k] for k in ("policy", "engine", "queued", "running",
+                                                  "active_tasks", "kv_free_blocks", "kv_total_blocks")})
+            values.update({f"tasks_{k}": v for k, v in sorted(stats["states"].items())})
+        if self._robots is not None:
+            values["robot_goals_outstanding"] = self._robots.outstanding()
+        if loop is not None and loop.error:
+            return diagnostics.ERROR, loop.error, values
+        if not self.active:
+            return diagnostics.WARN, f"not admitting goals ({state})", values
+        return diagnostics.OK, "active", values
 
 
 def main(argv: list[str] | None = None) -> int:
     # The core logs through Python logging (e.g. the cached-token count of every resume).
     logging.basicConfig(level=logging.INFO, format="[%(levelname)s] [%(name)s]: %(message)s")
-    # `transitions` logs every state change at INFO (two lines per transition); task states are
-    # published on /timelyllm/task_status already, so its lines would only bury the planner's.
+    # `transitions` logs every state change at INFO; task states are on /timelyllm/task_status.
     logging.getLogger("transitions").setLevel(logging.WARNING)
+    share.use_installed_config()
     rclpy.init(args=argv if argv is not None else sys.argv)
-    try:
-        node = PlannerNode()
-    except (ValueError, KeyError) as err:
-        print(f"planner: {err}", file=sys.stderr)
-        rclpy.try_shutdown()
-        return 2
-    spin_until_shutdown(node, cleanup=node.shutdown, until=node._stop.is_set)
+    from timelyllm_ros.ros.runtime import spin_until_shutdown
+
+    node = PlannerNode()
+
+    engine_threads = []
+
+    def cleanup():
+        if node.loop is not None:
+            engine_threads.append(node.loop)
+        node._release()
+
+    spin_until_shutdown(node, cleanup=cleanup, threads=4)
+    if any(loop.alive for loop in engine_threads):
+        # The engine is still shutting down (a vLLM step or engine-core shutdown outlasted the
+        # grace period): leave now rather than finalize the interpreter under a live engine
+        # thread (which can abort); the launcher reaps the engine's process group.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 

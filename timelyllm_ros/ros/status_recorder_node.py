@@ -29,7 +29,10 @@ def status_to_dict(msg: TaskStatus) -> dict:
         "utility": num(msg.utility), "waiting_time_s": num(msg.waiting_time_s),
         "segments_dispatched": msg.segments_dispatched, "segments_completed": msg.segments_completed,
         "resumes": msg.resumes, "cached_tokens_last_resume": msg.cached_tokens_last_resume,
-        "cached_tokens_total": msg.cached_tokens_total,
+        "cached_tokens_total": msg.cached_tokens_total, "urgency": msg.urgency,
+        "expected_response_time_s": num(msg.expected_response_time_s),
+        "decline_slope_per_s": num(msg.decline_slope_per_s),
+        "initial_utility": num(msg.initial_utility),
     }
 
 

@@ -1,4 +1,4 @@
-"""Topic names and QoS, chosen once for every node.
+"""Topic, action and service names and QoS, chosen once for every node.
 
 Fleet-wide topics live under /timelyllm; per-robot topics live in the robot's namespace, so a
 robot node started with namespace `drone_1` uses the relative names below unchanged.
@@ -17,19 +17,42 @@ from __future__ import annotations
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 
 TASK_GOALS = "/timelyllm/task_goals"
+# Actions and services (see action/ and srv/).
+PLAN_TASK = "/timelyllm/plan_task"
+UPDATE_TASK = "/timelyllm/update_task"
+CANCEL_TASK = "/timelyllm/cancel_task"
+DIAGNOSTICS = "/diagnostics"
+# A finished goal's result is kept this long for a client that asks late, then dropped (a
+# client that vanished must not leave results behind forever).
+ACTION_RESULT_TIMEOUT_S = 60
 TASK_STATUS = "/timelyllm/task_status"
 PLANNER_METRICS = "/timelyllm/planner_metrics"
 # Relative to the robot's namespace.
+# skill_segments and execution_reports are records of what was dispatched and executed (for
+# LRTrace's rosbag2 recorder and monitors); the command path is the execute_segment action.
 SKILL_SEGMENTS = "skill_segments"
 EXECUTION_REPORTS = "execution_reports"
+EXECUTE_SEGMENT = "execute_segment"
 
 COMMAND_QOS = QoSProfile(depth=50, reliability=ReliabilityPolicy.RELIABLE,
                          durability=DurabilityPolicy.VOLATILE, history=HistoryPolicy.KEEP_LAST)
 STATUS_QOS = QoSProfile(depth=200, reliability=ReliabilityPolicy.RELIABLE,
                         durability=DurabilityPolicy.TRANSIENT_LOCAL, history=HistoryPolicy.KEEP_LAST)
+# The services behind an action (send_goal, cancel_goal, get_result): reliable, and deeper than
+# the default 10, so a burst of goals (a whole plan's segments at once, a replay's event of 16
+# tasks) is never dropped before the server takes it.
+ACTION_SERVICE_QOS = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE,
+                                durability=DurabilityPolicy.VOLATILE, history=HistoryPolicy.KEEP_LAST)
 METRICS_QOS = QoSProfile(depth=5, reliability=ReliabilityPolicy.BEST_EFFORT,
                          durability=DurabilityPolicy.VOLATILE, history=HistoryPolicy.KEEP_LAST)
 
 
 def robot_topic(robot_id: str, name: str) -> str:
     return f"/{robot_id}/{name}"
+
+
+def action_qos() -> dict:
+    """Keyword arguments for rclpy's ActionServer / ActionClient (see ACTION_SERVICE_QOS)."""
+    return {"goal_service_qos_profile": ACTION_SERVICE_QOS,
+            "result_service_qos_profile": ACTION_SERVICE_QOS,
+            "cancel_service_qos_profile": ACTION_SERVICE_QOS}

@@ -32,9 +32,9 @@ def test_no_command_prints_usage_and_fails(capsys):
 
 def test_unknown_command_is_rejected(capsys):
     with pytest.raises(SystemExit) as exit_:
-        top_cli.main(["submit"])
+        top_cli.main(["no-such-command"])
     assert exit_.value.code == 2
-    assert "invalid choice: 'submit'" in capsys.readouterr().err
+    assert "invalid choice: 'no-such-command'" in capsys.readouterr().err
 
 
 def test_launch_reports_a_bad_description(tmp_path, capsys):

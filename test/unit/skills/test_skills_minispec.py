@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from timelyllm_ros.core.skills.base import SkillCall, SkillSyntaxError
-from timelyllm_ros.core.skills.minispec import MINISPEC, SKILLS
+from timelyllm_ros.core.skills.minispec import MINISPEC, SKILLS, closes_quote
 
 TYPEFLY_EXAMPLE = "_1=s,bottle;?_1==True{o,bottle;_2=oh,bottle;l,_2}"
 
@@ -25,10 +25,11 @@ def segments_of(lang, text):
 
 
 def brace_depths_ok(segment):
+    """Braces balance outside strings (a quote ends a string only before a delimiter)."""
     depth, quote = 0, None
-    for c in segment:
+    for i, c in enumerate(segment):
         if quote:
-            quote = None if c == quote else quote
+            quote = None if c == quote and closes_quote(segment, i) else quote
         elif c in "'\"":
             quote = c
         elif c == "{":
@@ -225,7 +226,7 @@ def test_regex_accepts_typical_plans(plan):
         "zz,5",
         "mf,5;;",
         "mf 5",
-        "8{8{mf,5}}",
+        "8{8{8{mf,5}}}",  # blocks nest two levels deep in the regex, not three
         "8{}",
         "l,'a;b'",
         "iv,Bottle",

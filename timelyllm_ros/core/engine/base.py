@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
+from timelyllm_ros.core.engine.eviction import ParkedGeneration
+
 
 @dataclass(frozen=True)
 class EngineRequest:
@@ -57,8 +59,17 @@ class EngineOutput:
     new_text: str
     finished: bool = False
     finish_reason: str | None = None
-    # Prompt tokens served from the prefix cache; known after the request's first step.
+    # Prompt tokens served from the prefix cache (or, on a session resume, held in the engine);
+    # known on the request's first output.
     num_cached_tokens: int | None = None
+    # On a request's first output, engines that measure it: tokens of the previous context the
+    # engine computed again for this run (a resume through a session: the one token vLLM drops;
+    # through the prefix cache: the partial last block and whatever was evicted), from the
+    # engine's own accounting. New input appended to the context is not counted.
+    recomputed_tokens: int | None = None
+    # With finish_reason "error": why the engine could not go on (a server that died, a request
+    # refused mid-stream); the task should fail with it.
+    error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -86,9 +97,13 @@ class EngineCapabilities:
         (preserve) or a host copy (swap); without it the scheduler only discards (abort, then
         resubmit the token ids and let the prefix cache serve what it still holds).
     profile: the cost model the engine runs on (simulated engines), else None.
+    default_pause_handling: what a suspension should do when the policy has no opinion (its
+        `pause_handling` hook is not overridden): the real engine with sessions says preserve
+        (a parked session costs one token on resume), every other engine discard.
     """
 
     pause_handling: bool = False
+    default_pause_handling: str = DISCARD
     max_num_seqs: int | None = None
     profile: Any = None
     kv_bytes_per_token: float = 131072.0
@@ -133,6 +148,14 @@ class EngineAdapter(Protocol):
 
     def pinned_blocks(self) -> int:
         """KV blocks held by preserved pauses (0 for an engine without pause handling)."""
+
+    def evict_paused(self, request_id: str, reason: str = "scheduler") -> int:
+        """Free a preserved pause's KV now (it resumes later through the prefix cache, like a
+        discarded one); returns the context tokens it held, 0 if it holds nothing."""
+
+    def paused_generations(self) -> list[ParkedGeneration]:
+        """The preserved pauses, as `core.engine.eviction` ranks them (resume_in_s is the
+        engine's own estimate; the scheduler knows better and may replace it)."""
 
     def now(self) -> float:
         """The engine's clock in seconds: monotonic wall time, or virtual time when simulated."""
@@ -193,6 +216,12 @@ class PauselessEngine:
 
     def pinned_blocks(self) -> int:
         return 0
+
+    def evict_paused(self, request_id: str, reason: str = "scheduler") -> int:
+        return 0
+
+    def paused_generations(self) -> list[ParkedGeneration]:
+        return []
 
     def tokenize(self, text: str) -> list[int]:
         raise NotImplementedError

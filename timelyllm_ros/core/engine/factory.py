@@ -18,8 +18,10 @@ from timelyllm_ros.core.engine.cost_model import EngineProfile
 
 # sim:          the calibrated cost-model engine in virtual time (bench replays);
 # sim-realtime: the same paced to the wall clock (the planner node serving ROS robots);
-# vllm:         the real vLLM engine.
-ENGINE_KINDS = ("sim", "sim-realtime", "vllm")
+# vllm:         the real vLLM engine, embedded (sessions: true suspend/resume);
+# openai:       a client of running vLLM OpenAI-compatible servers (`vllm serve`); with more than
+#               one in `replicas`, a router over them (replicas.py).
+ENGINE_KINDS = ("sim", "sim-realtime", "vllm", "openai")
 
 
 @dataclass(frozen=True)
@@ -31,6 +33,9 @@ class EngineSpec:
     scheduling_policy: vLLM's scheduling policy; None = what the policy needs.
     max_num_seqs: a simulated engine's slot count (None = its default); vLLM's is in `vllm`.
     vllm: `VllmEngineConfig` fields for the real engine (`model` is required).
+    openai: `OpenAIEngineConfig` fields shared by every server (kind openai).
+    replicas: the servers, each a URL or a mapping of `OpenAIEngineConfig` fields (kind openai;
+        one = a plain client, several = the replica router).
     """
 
     kind: str = "sim"
@@ -39,6 +44,8 @@ class EngineSpec:
     scheduling_policy: str | None = None
     max_num_seqs: int | None = None
     vllm: Mapping[str, Any] = field(default_factory=dict)
+    openai: Mapping[str, Any] = field(default_factory=dict)
+    replicas: tuple = ()
 
     def __post_init__(self) -> None:
         if self.kind not in ENGINE_KINDS:
@@ -46,11 +53,70 @@ class EngineSpec:
         if self.scheduling_policy is not None and self.scheduling_policy not in ENGINE_SCHEDULING:
             raise ValueError(f"engine.scheduling_policy: {self.scheduling_policy!r} is not one of "
                              f"{', '.join(ENGINE_SCHEDULING)}")
+        if self.kind == "openai" and not (self.replicas or self.openai.get("url")):
+            raise ValueError("engine.kind openai: give the server(s) in engine.replicas "
+                             "(URLs) or engine.url")
+        for replica in self.replicas:
+            if not isinstance(replica, (str, Mapping)):
+                raise ValueError(f"engine.replicas: {replica!r} is neither a URL nor a mapping")
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any], *, profile: EngineProfile | None = None,
+                    scheduling_policy: str | None = None) -> "EngineSpec":
+        """An EngineSpec from a planner's `engine.*` parameters (the part after `engine.`):
+        `kind`, `replicas` (list of URLs), `url`, `model`, and for kind vllm the
+        `VllmEngineConfig` fields. The planner node can hand its parameters here unchanged."""
+        values = dict(params)
+        kind = str(values.pop("kind", "sim") or "sim")
+        replicas = values.pop("replicas", ()) or ()
+        if isinstance(replicas, str):
+            replicas = tuple(u.strip() for u in replicas.split(",") if u.strip())
+        if kind == "openai":
+            openai = {k: v for k, v in values.items() if k in _openai_fields()}
+            return cls(kind=kind, profile=profile, scheduling_policy=scheduling_policy,
+                       openai=openai, replicas=tuple(replicas))
+        if kind == "vllm":
+            return cls(kind=kind, profile=profile, scheduling_policy=scheduling_policy,
+                       vllm=values)
+        return cls(kind=kind, profile=profile, scheduling_policy=scheduling_policy)
+
+
+def _openai_fields() -> set[str]:
+    from dataclasses import fields as dc_fields
+
+    from timelyllm_ros.core.engine.openai_engine import OpenAIEngineConfig
+    return {f.name for f in dc_fields(OpenAIEngineConfig)}
+
+
+def build_openai(spec: EngineSpec) -> EngineAdapter:
+    """One server client, or the replica router over several."""
+    from timelyllm_ros.core.engine.openai_engine import OpenAIEngine, OpenAIEngineConfig
+    from timelyllm_ros.core.engine.replicas import Replica, ReplicaEngine
+
+    servers = list(spec.replicas) or [spec.openai["url"]]
+
+    def config_of(server: Any, index: int) -> OpenAIEngineConfig:
+        values = {**dict(spec.openai)}
+        values.update({"url": server} if isinstance(server, str) else dict(server))
+        values.setdefault("name", f"replica{index}" if len(servers) > 1 else values["url"])
+        return OpenAIEngineConfig.from_mapping(values)
+
+    configs = [config_of(s, i) for i, s in enumerate(servers)]
+    if len(configs) == 1:
+        return OpenAIEngine(configs[0], profile=spec.profile)
+    return ReplicaEngine([
+        Replica(c.name, build=(lambda c=c: OpenAIEngine(c, profile=spec.profile)),
+                health=OpenAIEngine.healthy)
+        for c in configs])
 
 
 def build_engine(spec: EngineSpec, needs: EngineNeeds = EngineNeeds()) -> EngineAdapter:
     """A fresh engine as `spec` says, shaped by what the policy `needs`."""
     scheduling = spec.scheduling_policy or needs.scheduling_policy
+    if spec.kind == "openai":
+        # The servers' scheduling policy is theirs (`vllm serve --scheduling-policy priority`
+        # for the BROS family); requests carry their priority either way.
+        return build_openai(spec)
     if spec.kind == "vllm":
         from timelyllm_ros.core.engine.vllm_engine import VllmEngine, VllmEngineConfig
         values = {**dict(spec.vllm), "scheduling_policy": scheduling}

@@ -391,5 +391,6 @@ def build_profiling_engine(model: str, dtype: str | None,
         kwargs["dtype"] = dtype
     if max_model_len:
         kwargs["max_model_len"] = max_model_len
-    config = VllmEngineConfig(ignore_eos=True, **kwargs)
+    # Plain requests (no sessions): a decode sample must not be cut by session chunk ends.
+    config = VllmEngineConfig(ignore_eos=True, sessions=False, **kwargs)
     return build_engine(EngineSpec(kind="vllm", vllm=asdict(config))), config

@@ -70,6 +70,7 @@ class SchedulerContext:
     max_num_seqs: int | None = None
     profile: EngineProfile | None = None
     supports_pause_handling: bool = False
+    default_pause_handling: str = DISCARD
     kv_bytes_per_token: float = 131072.0
     host_link_bytes_per_s: float = 25e9
     engine: EngineAdapter | None = None

@@ -49,6 +49,14 @@ class OutputStep:
     suspensions_avoided: int
 
     def _consume(self, task: TaskRecord, output: EngineOutput, now: float) -> None:
+        if output.error is not None:
+            # The engine cannot go on with it (a server that died, a request refused
+            # mid-stream): the task fails with the engine's reason, and its robot is told.
+            self._finish(task, "fail", f"engine: {output.error}", now)
+            return
+        if output.recomputed_tokens is not None and task.awaiting_cached_count:
+            task.recomputed_tokens_last_resume = int(output.recomputed_tokens)
+            task.recomputed_tokens_total += int(output.recomputed_tokens)
         if task.awaiting_cached_count and output.num_cached_tokens is not None:
             task.awaiting_cached_count = False
             task.cached_tokens_last_resume = int(output.num_cached_tokens)
@@ -213,8 +221,12 @@ class OutputStep:
                            is_urgent=spec.is_urgent, **sizes)
 
     def _pause_handling(self, task: TaskRecord, context: int, now: float) -> str:
-        if not (self._hook_pause and self._engine_pauses) or task.engine_request_id is None:
+        if not self._engine_pauses or task.engine_request_id is None:
             return DISCARD
+        if not self._hook_pause:
+            # The policy has no opinion: the engine's own best path (a vLLM session parks and
+            # resumes computing one token; other engines discard).
+            return self.context.default_pause_handling
         rid = task.engine_request_id
         other = sum(context_of(t) for r, t in self._running.items() if r != rid)
         free_at = task.robot_free_at(now)

@@ -159,6 +159,7 @@ class SegmentScheduler(AdmissionStep, OutputStep):
                                    default=10),
             max_num_seqs=caps.max_num_seqs, profile=caps.profile,
             supports_pause_handling=caps.pause_handling,
+            default_pause_handling=caps.default_pause_handling,
             kv_bytes_per_token=float(caps.kv_bytes_per_token),
             host_link_bytes_per_s=float(caps.host_link_bytes_per_s), engine=self.engine)
 

@@ -41,6 +41,11 @@ _TOKEN_RE = re.compile(
 )
 
 
+def _unquote(arg: str) -> str:
+    a = arg.strip()
+    return a[1:-1] if len(a) >= 2 and a[0] == a[-1] and a[0] in "'\"" else a
+
+
 def _after_call(text: str, close: int, nxt: int) -> int | None:
     # Wait for the arrow (or its absence) to show before cutting, so the boundary does not
     # depend on how the text was split into tokens.
@@ -140,6 +145,26 @@ class ArmLanguage(BracketedLanguage):
 
     def parse(self, segment_text: str) -> ParsedSegment:
         return ParsedSegment(segment_text, tuple(_Parser(segment_text).plan()))
+
+    @staticmethod
+    def call_text(call) -> str:
+        """A tree's call written the arm's way, `place(cup,bin)`, for messages."""
+        from timelyllm_ros.core.skills.minispec_ast import arg_text
+
+        return f"{call.name}({','.join(arg_text(a) for a in call.args)})"
+
+    def program(self, segment_text: str):
+        """The segment as a MiniSpec-style tree of call statements, for the interpreter
+        (core/skills/interpreter.py): object names become text, coordinates numbers."""
+        from timelyllm_ros.core.skills.minispec_ast import Call, CallStmt, Literal
+
+        statements = []
+        for call in _Parser(segment_text).plan():
+            kinds = ARM_SKILLS[call.name]
+            args = tuple(Literal(float(a)) if k == "num" else Literal(_unquote(a))
+                         for a, k in zip(call.args, kinds))
+            statements.append(CallStmt(Call(call.name, args, 0, 0)))
+        return tuple(statements)
 
     def output_regex(self, max_statements: int) -> str | None:
         return arm_regex(max_statements)

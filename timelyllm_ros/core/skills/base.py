@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Callable, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
 
 
 class SkillSyntaxError(ValueError):
@@ -23,6 +23,10 @@ class SkillCall:
     args: tuple[str, ...] = ()
     # The call as written in the plan (abbreviation for MiniSpec), useful for logs and robots.
     source: str = ""
+    # How many times the segment is expected to run this call (loops, conditionals; see
+    # core/skills/flow.py). The execution-time estimate multiplies by it; it is not part of
+    # the call's identity (equality, wire form).
+    weight: float = field(default=1.0, compare=False)
 
     def to_wire(self) -> str:
         """Compact `name(arg1,arg2)` form carried in SkillSegment.calls."""
@@ -33,6 +37,9 @@ class SkillCall:
 class ParsedSegment:
     text: str
     calls: tuple[SkillCall, ...]
+    # The language's syntax tree of the segment, for languages that have one (MiniSpec:
+    # a minispec_ast.Program); robots interpret it, flat `calls` lose control flow.
+    program: Any = field(default=None, compare=False)
 
 
 class SkillLanguage(Protocol):
@@ -96,8 +103,14 @@ def tokenize(text: str, token_re: re.Pattern[str]) -> list[Token]:
 AfterClose = Callable[[str, int, int], "int | None"]
 
 
+# closes_quote(text, index) -> whether the quote character at `index`, inside a string opened
+# by the same character, ends that string (default: always).
+ClosesQuote = Callable[[str, int], bool]
+
+
 def scan_top_level(text: str, start: int, *, opener: str, closer: str, after_close: AfterClose,
-                   separator: str | None = None) -> tuple[int | None, int, str | None, bool]:
+                   separator: str | None = None, closes_quote: ClosesQuote | None = None
+                   ) -> tuple[int | None, int, str | None, bool]:
     """Walk from `start` to the end of the first complete top-level statement.
 
     Shared by the languages whose statements nest in one kind of bracket: quoted text is skipped
@@ -113,7 +126,7 @@ def scan_top_level(text: str, start: int, *, opener: str, closer: str, after_clo
     while i < n:
         c = text[i]
         if quote is not None:
-            if c == quote:
+            if c == quote and (closes_quote is None or closes_quote(text, i)):
                 quote = None
         elif c in "'\"":
             quote = c

@@ -21,7 +21,8 @@ from typing import Callable, Sequence
 
 from timelyllm_ros.core.skills.base import SkillCall
 from timelyllm_ros.robots.tello.sdk import (DEFAULT_HOST, DEFAULT_PORT, DEFAULT_STATE_PORT,
-                                            TelloAborted, TelloClient, TelloError, TelloTimeout)
+                                            CommandRecord, TelloAborted, TelloClient, TelloError,
+                                            TelloTimeout)
 from timelyllm_ros.robots.tello.timings import TelloTimings
 from timelyllm_ros.robots.tello.translate import (SWEEP_MAX_STEPS, SWEEP_STEP_DEG, VISION_SKILLS,
                                                   LocalStep, SdkStep, SleepStep, SweepStep,
@@ -53,6 +54,11 @@ class TelloBackend(TelloClient):
                          keepalive_s=keepalive_s, speed_cm_s=speed_cm_s, stop=stop,
                          logger=logger)
         self.detector = detector
+        # For the plan interpreter (loops, conditionals, variables on the executor):
+        # TaskInterpreter(MINISPEC, backend.runtime) - see runtime.py for its rules.
+        from timelyllm_ros.robots.tello.runtime import TelloRuntime
+
+        self.runtime = TelloRuntime(self)
 
     def execute(self, calls: Sequence[SkillCall]) -> tuple[bool, str]:
         """Run the calls in order; (True, summary) or (False, what failed and why)."""
@@ -71,6 +77,8 @@ class TelloBackend(TelloClient):
         for done, (wire, steps) in enumerate(plan):
             try:
                 for step in steps:
+                    if self._stop.is_set():
+                        raise TelloAborted("stopped (segment cancelled or executor shutting down)")
                     if isinstance(step, SdkStep):
                         self.send_command(step.command)
                         sent.append(step.command)
@@ -97,6 +105,17 @@ class TelloBackend(TelloClient):
         if notes:
             summary += "; " + "; ".join(notes)
         return True, summary
+
+    def cancel(self) -> None:
+        """The executor cancelled the running segment: send the SDK's `stop` (the drone stops
+        and hovers). Sent at once, outside the command lock: the reply wait of the command in
+        flight ends on the stop signal, and the `ok` to `stop` is drained as a stale reply."""
+        try:
+            self._cmd_sock.sendto(b"stop", self.drone)
+        except OSError as err:
+            self._log.warning(f"tello: could not send stop: {err}")
+        else:
+            self.history.append(CommandRecord("stop", time.monotonic(), None, None, 1))
 
     def _sweep(self, target: str, sent: list[str]) -> tuple[bool | str, int]:
         """TypeFly's sweeping: turn 45 deg until the target is visible, at most 8 times."""

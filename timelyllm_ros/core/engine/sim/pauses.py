@@ -18,6 +18,14 @@ suspended generation). The handlings are defined once, in `core.engine.base`:
   `t = tokens * kv_bytes_per_token / host_link_bytes_per_s` (defaults: 128 KiB per token, fp16
   Llama3-8B; 25 GB/s, a PCIe 4.0 x16 link). Host memory is unbounded.
 `pause_stats` counts handlings, copies and revocations.
+
+These are the models of the real engine's two paths (core/engine/vllm_engine.py): "preserve" is a
+parked vLLM streaming-input session (its blocks stay allocated, the resume computes only the one
+token vLLM drops plus any appended input, and the engine evicts parked sessions under KV or slot
+pressure: `evict_paused`, chosen by core/engine/eviction.py), "discard" is abort + resubmit through
+the prefix cache (every full block comes back, the partial last block is computed again).
+`timelyllm profile` measures both on the real engine (resume_preserve_s / resume_discard_s in
+the profile) so that the cost model prices them as the real engine runs them.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from timelyllm_ros.core.engine.base import DISCARD, PAUSE_HANDLINGS, PRESERVE, SWAP, EngineRequest
+from timelyllm_ros.core.engine.eviction import ParkedGeneration
 from timelyllm_ros.core.engine.sim.blocks import _BlockPool
 from timelyllm_ros.core.engine.sim.requests import _Sequence
 
@@ -181,6 +190,24 @@ class PauseHandling:
                 self.pause_stats["preserve_revoked"] += 1
                 return True
         return False
+
+    def evict_paused(self, request_id: str, reason: str = "scheduler") -> int:
+        """Revoke one preserved pause (its blocks freed as by a discard); returns its context
+        tokens, 0 if it is not a preserved pause."""
+        paused = self._paused.get(request_id)
+        if paused is None or paused.handling != PRESERVE:
+            return 0
+        self.pause_stats["preserved_block_s"] += len(paused.seq.blocks) * (
+            self._clock - paused.since)
+        self._free_blocks(paused.seq)
+        paused.handling = DISCARD
+        self.pause_stats["preserve_revoked"] += 1
+        return paused.seq.num_computed
+
+    def paused_generations(self) -> list[ParkedGeneration]:
+        """Preserved pauses for core.engine.eviction (resume_in_s unknown here: 0)."""
+        return [ParkedGeneration(rid, p.seq.num_computed, len(p.seq.blocks), 0.0)
+                for rid, p in self._paused.items() if p.handling == PRESERVE]
 
     def num_paused(self) -> int:
         return len(self._paused)

@@ -1,0 +1,445 @@
+"""`engine.kind: openai`: a client of a running vLLM OpenAI-compatible server (`vllm serve`).
+
+The scheduler drives engines synchronously from one thread; this adapter keeps an asyncio loop
+with one `httpx.AsyncClient` in a background thread and bridges the two:
+- `add_request` posts a streamed `/v1/completions` request with the prompt as token ids,
+  `return_token_ids`, the output grammar as vLLM `structured_outputs`, and the run's service
+  class as vLLM `priority` (a server started with `--scheduling-policy priority` orders by it).
+  It waits for the response status, so a request the server refuses (bad sampling parameters,
+  an invalid grammar) raises `EngineRefused` with the server's message, which ends the task
+  with that reason (the scheduler's `_start`);
+- each streamed chunk becomes an event on a thread-safe queue; `step()` collects what arrived
+  (waiting up to `poll_s` for the first event while streams are open), one `EngineOutput` per
+  request. The final usage chunk gives `num_cached_tokens` from
+  `usage.prompt_tokens_details.cached_tokens` (the server needs `--enable-prompt-tokens-details`;
+  `recomputed_tokens` is then prompt - cached);
+- `abort_request` cancels the stream task: closing the connection makes vLLM abort the request.
+
+No sessions: vLLM's server offers no resumable requests over HTTP in 0.32, so a suspension is an
+abort and the resume a new request with `prompt + generated` token ids, served by the server's
+automatic prefix cache (`capabilities().pause_handling` is False: the scheduler discards).
+
+KV figures come from the server's Prometheus `/metrics` (`vllm:cache_config_info`
+num_gpu_blocks / block_size, `vllm:kv_cache_usage_perc`), refreshed at most every
+`metrics_interval_s`; `free_slots()` estimates free capacity for the replica router.
+
+Faults: a server that does not answer at start raises `EngineUnavailable`; a stream that breaks
+(the server died) ends its request with `finish_reason="error"` and `EngineOutput.error` naming
+the server and the cause, and marks the engine down (`healthy()` False) until a probe succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import re
+import threading
+import time
+from dataclasses import dataclass, field, fields
+from typing import Any, Sequence
+
+from timelyllm_ros.core.engine.base import (EngineCapabilities, EngineOutput, EngineRequest,
+                                            KvUsage, PauselessEngine, StepTiming,
+                                            engine_priority)
+from timelyllm_ros.core.engine.cost_model import EngineProfile
+
+
+class EngineUnavailable(RuntimeError):
+    """The server cannot be reached (down, wrong URL, not a vLLM server)."""
+
+
+class EngineRefused(ValueError):
+    """The server refused a request (its message is the reason)."""
+
+
+@dataclass
+class OpenAIEngineConfig:
+    """One vLLM server. `model`: the served model name (empty = the server's only model)."""
+
+    url: str = "http://127.0.0.1:8000"
+    model: str = ""
+    temperature: float = 0.0
+    repetition_penalty: float = 1.15
+    seed: int = 0
+    ignore_eos: bool = False
+    # The scheduler's view of the server's limits (the API does not expose them).
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 2048
+    connect_timeout_s: float = 5.0
+    # A stream that shows nothing for this long is considered broken.
+    read_timeout_s: float = 120.0
+    poll_s: float = 0.02
+    metrics_interval_s: float = 0.5
+    name: str = ""
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any]) -> "OpenAIEngineConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"engine openai: unknown parameter(s) {unknown}; known: "
+                             f"{sorted(known)}")
+        return cls(**values)
+
+
+@dataclass
+class _Stream:
+    request_id: str
+    prompt_len: int
+    task: Any = None            # the asyncio task reading the stream
+    generated: int = 0
+    finish_reason: str | None = None
+
+
+@dataclass
+class _Event:
+    request_id: str
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str | None = None
+    cached: int | None = None
+    error: str | None = None
+
+
+_GAUGE = re.compile(r'^(vllm:[a-z_]+)\{([^}]*)\}\s+([0-9.eE+-]+)$')
+
+
+def parse_metrics(text: str) -> dict[str, Any]:
+    """The few vLLM gauges the adapter reads, from Prometheus text."""
+    out: dict[str, Any] = {}
+    for line in text.splitlines():
+        m = _GAUGE.match(line.strip())
+        if not m:
+            continue
+        name, labels, value = m.group(1), m.group(2), float(m.group(3))
+        if name == "vllm:cache_config_info":
+            for key in ("num_gpu_blocks", "block_size"):
+                lm = re.search(rf'(?:^|,){key}="(\d+)"', labels)
+                if lm:
+                    out[key] = int(lm.group(1))
+        elif name in ("vllm:kv_cache_usage_perc", "vllm:num_requests_running",
+                      "vllm:num_requests_waiting"):
+            out[name.split(":", 1)[1]] = value
+    return out
+
+
+class OpenAIEngine(PauselessEngine):
+    """EngineAdapter over one vLLM OpenAI-compatible server (module docstring)."""
+
+    name = "openai"
+
+    def __init__(self, config: OpenAIEngineConfig, profile: EngineProfile | None = None):
+        import httpx
+
+        self.config = config
+        self.profile = profile
+        self.label = config.name or config.url
+        self._events: queue.Queue[_Event] = queue.Queue()
+        self._streams: dict[str, _Stream] = {}
+        self._last_timing = StepTiming()
+        self._healthy = True
+        self._down_reason = ""
+        self._metrics: dict[str, Any] = {}
+        self._metrics_at = -1e9
+        self._client: Any = None
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
+                                        name=f"openai-engine {self.label}")
+        self._thread.start()
+        timeout = httpx.Timeout(config.read_timeout_s, connect=config.connect_timeout_s)
+        self._client = self._call(self._make_client(httpx, timeout))
+        try:
+            models = self._call(self._get_json("/v1/models"))
+            served = [m["id"] for m in models.get("data", [])]
+            if not config.model:
+                if not served:
+                    raise EngineUnavailable(f"{self.label}: the server serves no model")
+                self.model = served[0]
+            elif config.model not in served:
+                raise EngineUnavailable(f"{self.label}: model {config.model!r} is not served "
+                                        f"(served: {served})")
+            else:
+                self.model = config.model
+            entry = next(m for m in models["data"] if m["id"] == self.model)
+            self._max_model_len = int(entry.get("max_model_len") or 2048)
+            self._refresh_metrics(force=True)
+        except EngineUnavailable:
+            self.shutdown()
+            raise
+        except Exception as err:  # noqa: BLE001 - any failure to talk to it means: unavailable
+            self.shutdown()
+            raise EngineUnavailable(f"engine openai: server {self.label} is not reachable: "
+                                    f"{type(err).__name__}: {err}") from err
+
+    # -- the loop thread -------------------------------------------------------------------
+    async def _make_client(self, httpx, timeout):
+        return httpx.AsyncClient(base_url=self.config.url.rstrip("/"), timeout=timeout)
+
+    def _call(self, coro, timeout: float | None = None):
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return future.result(timeout if timeout is not None else
+                             self.config.connect_timeout_s + self.config.read_timeout_s)
+
+    async def _get_json(self, path: str) -> Any:
+        response = await self._client.get(path)
+        response.raise_for_status()
+        return response.json()
+
+    async def _get_text(self, path: str) -> str:
+        response = await self._client.get(path)
+        response.raise_for_status()
+        return response.text
+
+    # -- health and capacity ---------------------------------------------------------------
+    def healthy(self) -> bool:
+        return self._healthy
+
+    def down_reason(self) -> str:
+        return self._down_reason
+
+    def probe(self) -> bool:
+        """Ask the server's /health; marks the engine up or down."""
+        try:
+            self._call(self._get_text("/health"), timeout=self.config.connect_timeout_s + 1)
+        except Exception as err:  # noqa: BLE001
+            self._mark_down(f"{type(err).__name__}: {err}")
+            return False
+        self._healthy, self._down_reason = True, ""
+        return True
+
+    def _mark_down(self, reason: str) -> None:
+        self._healthy = False
+        self._down_reason = f"server {self.label} is down: {reason}"
+
+    def _refresh_metrics(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._metrics_at < self.config.metrics_interval_s:
+            return
+        self._metrics_at = now
+        try:
+            self._metrics = parse_metrics(self._call(self._get_text("/metrics"), timeout=5.0))
+        except Exception:  # noqa: BLE001 - keep the last figures; streams report the failure
+            if force:
+                raise
+
+    def capabilities(self) -> EngineCapabilities:
+        return EngineCapabilities(max_num_seqs=self.config.max_num_seqs, profile=self.profile)
+
+    def kv_usage(self) -> KvUsage:
+        self._refresh_metrics()
+        total = int(self._metrics.get("num_gpu_blocks", 1 << 30))
+        usage = float(self._metrics.get("kv_cache_usage_perc", 0.0))
+        return KvUsage(free_blocks=int(total * (1.0 - usage)), total_blocks=total,
+                       block_size=int(self._metrics.get("block_size", 16)))
+
+    def free_slots(self) -> int:
+        """Requests this server could still take: its slots less our open streams."""
+        return self.config.max_num_seqs - len(self._streams)
+
+    # -- text ------------------------------------------------------------------------------
+    def now(self) -> float:
+        return time.monotonic()
+
+    def tokenize(self, text: str) -> list[int]:
+        body = {"model": self.model, "prompt": text, "add_special_tokens": False}
+        return list(self._call(self._post_json("/tokenize", body))["tokens"])
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        body = {"model": self.model, "tokens": list(token_ids)}
+        return str(self._call(self._post_json("/detokenize", body))["prompt"])
+
+    def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        body = {"model": self.model, "messages": messages, "add_generation_prompt": True}
+        return list(self._call(self._post_json("/tokenize", body))["tokens"])
+
+    async def _post_json(self, path: str, body: dict) -> Any:
+        response = await self._client.post(path, json=body)
+        if response.status_code >= 400:
+            raise EngineRefused(f"{self.label}{path}: {_error_text(response.text)}")
+        return response.json()
+
+    def max_model_len(self) -> int:
+        return self._max_model_len
+
+    def max_num_batched_tokens(self) -> int:
+        return self.config.max_num_batched_tokens
+
+    # -- requests --------------------------------------------------------------------------
+    def _body(self, request: EngineRequest) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model, "prompt": list(request.prompt_token_ids),
+            "max_tokens": request.max_tokens, "temperature": self.config.temperature,
+            "repetition_penalty": self.config.repetition_penalty, "seed": self.config.seed,
+            "stream": True, "return_token_ids": True, "ignore_eos": self.config.ignore_eos,
+            "priority": engine_priority(request.service_class), "request_id": request.request_id,
+            "stream_options": {"include_usage": True},
+        }
+        if request.output_regex:
+            body["structured_outputs"] = {"regex": request.output_regex}
+        return body
+
+    def add_request(self, request: EngineRequest) -> None:
+        if not self._healthy:
+            raise EngineRefused(self._down_reason)
+        rid = request.request_id
+        stream = _Stream(rid, len(request.prompt_token_ids))
+        opened: asyncio.Future | None = None
+
+        async def start() -> None:
+            nonlocal opened
+            opened = self._loop.create_future()
+            stream.task = self._loop.create_task(self._run_stream(stream, request, opened))
+            await opened
+
+        self._streams[rid] = stream
+        try:
+            self._call(start(), timeout=self.config.connect_timeout_s + self.config.read_timeout_s)
+        except Exception:
+            self._streams.pop(rid, None)
+            if stream.task is not None:
+                self._loop.call_soon_threadsafe(stream.task.cancel)
+            raise
+
+    async def _run_stream(self, stream: _Stream, request: EngineRequest,
+                          opened: asyncio.Future) -> None:
+        rid = stream.request_id
+        try:
+            async with self._client.stream("POST", "/v1/completions",
+                                           json=self._body(request)) as response:
+                if response.status_code >= 400:
+                    text = (await response.aread()).decode(errors="replace")
+                    opened.set_exception(EngineRefused(
+                        f"server {self.label} refused the request: {_error_text(text)}"))
+                    return
+                opened.set_result(True)
+                async for line in response.aiter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    data = line[6:]
+                    if data.strip() == "[DONE]":
+                        break
+                    self._on_chunk(rid, json.loads(data))
+            self._events.put(_Event(rid, finish_reason="end"))
+        except asyncio.CancelledError:
+            if not opened.done():
+                opened.cancel()
+            raise
+        except Exception as err:  # noqa: BLE001 - the connection broke: the server died
+            reason = f"{type(err).__name__}: {err}"
+            if not opened.done():
+                self._mark_down(reason)
+                opened.set_exception(EngineRefused(self._down_reason))
+                return
+            self._mark_down(reason)
+            self._events.put(_Event(rid, finish_reason="error", error=self._down_reason))
+
+    def _on_chunk(self, rid: str, chunk: dict) -> None:
+        if "error" in chunk:
+            message = _error_text(json.dumps(chunk))
+            self._events.put(_Event(rid, finish_reason="error",
+                                    error=f"server {self.label}: {message}"))
+            return
+        event = _Event(rid)
+        for choice in chunk.get("choices") or ():
+            event.token_ids.extend(choice.get("token_ids") or ())
+            event.text += choice.get("text") or ""
+            if choice.get("finish_reason"):
+                event.finish_reason = choice["finish_reason"]
+        usage = chunk.get("usage") or {}
+        details = usage.get("prompt_tokens_details") or {}
+        if details.get("cached_tokens") is not None:
+            event.cached = int(details["cached_tokens"])
+        self._events.put(event)
+
+    def abort_request(self, request_id: str) -> None:
+        stream = self._streams.pop(request_id, None)
+        if stream is not None and stream.task is not None:
+            # Closing the connection is how a client aborts a vLLM request.
+            self._loop.call_soon_threadsafe(stream.task.cancel)
+
+    def step(self) -> list[EngineOutput]:
+        start = time.perf_counter()
+        batch = len(self._streams)
+        events: list[_Event] = []
+        if self._streams:
+            try:
+                events.append(self._events.get(timeout=self.config.poll_s))
+            except queue.Empty:
+                pass
+        while True:
+            try:
+                events.append(self._events.get_nowait())
+            except queue.Empty:
+                break
+        outputs: dict[str, EngineOutput] = {}
+        for ev in events:
+            stream = self._streams.get(ev.request_id)
+            if stream is None:
+                continue  # aborted meanwhile
+            out = outputs.get(ev.request_id)
+            if out is None:
+                out = outputs[ev.request_id] = EngineOutput(ev.request_id, [], "")
+            out.new_token_ids.extend(ev.token_ids)
+            out.new_text += ev.text
+            stream.generated += len(ev.token_ids)
+            if ev.cached is not None:
+                out.num_cached_tokens = ev.cached
+                out.recomputed_tokens = max(0, stream.prompt_len - ev.cached)
+            if ev.error is not None:
+                out.error = ev.error
+            if ev.finish_reason is not None and ev.finish_reason != "end":
+                out.finish_reason = ev.finish_reason
+            if ev.finish_reason == "end" or ev.error is not None:
+                # The stream is over (the usage chunk came before its end).
+                out.finished = True
+                out.finish_reason = out.finish_reason or stream.finish_reason or "stop"
+                self._streams.pop(ev.request_id, None)
+            elif ev.finish_reason is not None:
+                stream.finish_reason = ev.finish_reason
+        self._last_timing = StepTiming(duration_s=time.perf_counter() - start, batch_size=batch,
+                                       extra={"tokens": sum(len(o.new_token_ids)
+                                                            for o in outputs.values())})
+        return list(outputs.values())
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._streams)
+
+    def num_running(self) -> int:
+        return len(self._streams)
+
+    def last_step_timing(self) -> StepTiming:
+        return self._last_timing
+
+    def advance_idle(self, until: float) -> None:
+        delay = until - self.now()
+        if delay > 0:
+            time.sleep(min(delay, 0.05))
+
+    def shutdown(self) -> None:
+        for rid in list(self._streams):
+            self.abort_request(rid)
+        client = self._client
+        if client is not None and self._loop.is_running():
+            try:
+                self._call(client.aclose(), timeout=5.0)
+            except Exception:  # noqa: BLE001
+                pass
+            self._client = None
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5.0)
+
+    def describe(self) -> dict[str, Any]:
+        return {"engine": self.name, "url": self.config.url, "model": self.model}
+
+
+def _error_text(body: str) -> str:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body.strip()[:500]
+    err = data.get("error", data) if isinstance(data, dict) else data
+    if isinstance(err, dict):
+        return str(err.get("message") or err)[:500]
+    return str(err)[:500]

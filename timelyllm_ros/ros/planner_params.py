@@ -1,0 +1,197 @@
+"""The planner's ROS parameters: declared with descriptors, and turned into what `configure` builds.
+
+Read-only parameters (everything the engine or the scheduler is built from) can only be given at
+start-up; `ros2 param set` on one is refused by rclpy with the reason "parameter is read-only".
+Dynamic ones: `policy` (applied at once when the planner is idle and the new policy runs on
+the engine already built, else refused with the reason; always accepted while unconfigured) and
+the report timeouts (they apply to segments dispatched afterwards).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rcl_interfaces.msg import (FloatingPointRange, IntegerRange, ParameterDescriptor,
+                                ParameterType)
+
+from timelyllm_ros.core.engine.base import ENGINE_SCHEDULING
+from timelyllm_ros.core.engine.factory import EngineSpec
+from timelyllm_ros.core.engine.vllm_engine import VllmEngineConfig
+from timelyllm_ros.core.exec_model import ExecutionTimeModel
+from timelyllm_ros.core.policies.registry import DEFAULT_POLICY, get_policy
+from timelyllm_ros.core.sched.scheduler import SchedulerConfig
+from timelyllm_ros.core.skills.skillset import load_skillsets
+from timelyllm_ros.core.tuf import load_tuf_levels
+from timelyllm_ros.ros import share
+
+_S, _F, _I, _B, _SA = (ParameterType.PARAMETER_STRING, ParameterType.PARAMETER_DOUBLE,
+                       ParameterType.PARAMETER_INTEGER, ParameterType.PARAMETER_BOOL,
+                       ParameterType.PARAMETER_STRING_ARRAY)
+
+# name -> (default, type, description, read_only, range (lo, hi) or None)
+PARAMETERS: dict[str, tuple[Any, int, str, bool, tuple | None]] = {
+    "policy": (DEFAULT_POLICY, _S, "scheduling policy (docs/policies.md); changeable at run time "
+               "while no task is active, to a policy that runs on the engine already built", False, None),
+    "model": ("", _S, "local HF model directory; empty = the bundled SmolLM2-135M-Instruct", True, None),
+    "config_dir": ("", _S, "directory with tuf_levels.yaml, exec_model.yaml, skillsets/; empty = "
+                   "the package's config (source tree or share dir)", True, None),
+    "exec_model": ("", _S, "execution-time model YAML; empty = config_dir/exec_model.yaml", True, None),
+    "robots": ([], _SA, "robots served, as robot_id:skill_set; empty = any robot id", True, None),
+    "network_latency_s": (0.0, _F, "one-way planner-robot latency added to estimates", True, (0.0, 10.0)),
+    "report_timeout_factor": (3.0, _F, "a robot that has not finished a segment by its estimated "
+                              "completion + max(factor x estimate, report_timeout_min_s) is dead "
+                              "for that task", False, (0.1, 1000.0)),
+    "report_timeout_min_s": (5.0, _F, "see report_timeout_factor", False, (0.0, 86400.0)),
+    "warm_prefix_cache": (True, _B, "prefill each skill set's fixed prompt at configure", True, None),
+    "max_running_generations": (0, _I, "cap on generations running at once; 0 = the policy's "
+                                "own admission", True, (0, 4096)),
+    "engine.kind": ("vllm", _S, "'vllm' (the real engine) or 'sim' (the cost-model engine paced "
+                    "to the wall clock; it 'generates' each LRTrace trace's plan)", True, None),
+    "engine.sim_profile": ("", _S, "engine profile YAML for engine.kind sim; empty = default", True, None),
+    "engine.profile": ("", _S, "cost model of the real engine (relative to config_dir) for "
+                       "policies that predict step times", True, None),
+}
+# ROS parameter -> (VllmEngineConfig field, default); all read-only.
+ENGINE_PARAMS = {
+    "engine.dtype": ("dtype", "float32"),
+    "engine.max_model_len": ("max_model_len", 2048),
+    "engine.memory_fraction": ("gpu_memory_utilization", 0.3),
+    "engine.enforce_eager": ("enforce_eager", True),
+    "engine.tensor_parallel_size": ("tensor_parallel_size", 1),
+    "engine.max_num_seqs": ("max_num_seqs", 32),
+    "engine.block_size": ("block_size", 0),
+    "engine.repetition_penalty": ("repetition_penalty", 1.15),
+    "engine.temperature": ("temperature", 0.0),
+    "engine.seed": ("seed", 0),
+    # vLLM's scheduling_policy; empty = what the planner's policy expects.
+    "engine.scheduling_policy": ("scheduling_policy", ""),
+}
+DYNAMIC = frozenset(n for n, spec in PARAMETERS.items() if not spec[3])
+
+
+def declare(node) -> None:
+    for name, (default, ptype, description, read_only, rng) in PARAMETERS.items():
+        descriptor = ParameterDescriptor(name=name, type=ptype, description=description,
+                                         read_only=read_only)
+        if rng is not None and ptype == _F:
+            descriptor.floating_point_range = [FloatingPointRange(from_value=rng[0], to_value=rng[1])]
+        elif rng is not None and ptype == _I:
+            descriptor.integer_range = [IntegerRange(from_value=rng[0], to_value=rng[1], step=1)]
+        if default == []:
+            from rclpy.parameter import Parameter
+
+            default = Parameter.Type.STRING_ARRAY  # declared without a value: any string array
+        node.declare_parameter(name, default, descriptor)
+    for name, (fld, default) in ENGINE_PARAMS.items():
+        node.declare_parameter(name, default, ParameterDescriptor(
+            name=name, description=f"vLLM engine argument {fld}", read_only=True))
+
+
+def values(node) -> dict[str, Any]:
+    out = {n: node.get_parameter(n).value for n in (*PARAMETERS, *ENGINE_PARAMS)}
+    out["robots"] = list(out["robots"] or [])
+    return out
+
+
+@dataclass
+class PlannerSettings:
+    """Everything `configure` builds, from the parameters (ValueError names the parameter)."""
+
+    policy_name: str
+    levels: Any
+    skill_sets: dict
+    exec_model: ExecutionTimeModel
+    robots: dict[str, str] | None
+    scheduler_config: SchedulerConfig
+    engine_spec: EngineSpec
+    engine_kind: str
+    engine_model: str
+    explicit_scheduling: str
+    warm: bool
+    scripted_plans: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_parameters(cls, p: dict[str, Any]) -> "PlannerSettings":
+        try:
+            policy = get_policy(p["policy"])
+        except KeyError as err:
+            raise ValueError(f"parameter policy: {err.args[0] if err.args else err}") from None
+        config_dir = Path(p["config_dir"]) if p["config_dir"] else share.config_dir()
+        levels = load_tuf_levels(config_dir / "tuf_levels.yaml")
+        skill_sets = load_skillsets(config_dir / "skillsets")
+        exec_model = ExecutionTimeModel.from_yaml(
+            Path(p["exec_model"]) if p["exec_model"] else config_dir / "exec_model.yaml")
+        robots = parse_robots(p["robots"], skill_sets)
+        explicit = p["engine.scheduling_policy"]
+        scheduling = explicit or policy.engine_needs().scheduling_policy
+        if scheduling not in ENGINE_SCHEDULING:
+            raise ValueError(f"parameter engine.scheduling_policy: {scheduling!r} is not one of "
+                             f"{', '.join(ENGINE_SCHEDULING)} (or empty)")
+        config = SchedulerConfig(
+            network_latency_s=p["network_latency_s"],
+            report_timeout_factor=p["report_timeout_factor"],
+            report_timeout_min_s=p["report_timeout_min_s"],
+            batch_cap=p["max_running_generations"] or None,
+            # A planner runs for days: keep recent finished tasks (duplicate-id checks), not all.
+            max_finished_tasks=10_000)
+        profile = None
+        if p["engine.profile"]:
+            from timelyllm_ros.core.engine.cost_model import EngineProfile
+
+            profile = EngineProfile.from_yaml(config_dir / p["engine.profile"])
+        kind, scripted = p["engine.kind"], {}
+        if kind == "sim":
+            from timelyllm_ros.core.engine.cost_model import EngineProfile
+            from timelyllm_ros.lrtrace.traces import load_traces
+
+            sim_profile = p["engine.sim_profile"]
+            spec = EngineSpec(kind="sim-realtime", scheduling_policy=scheduling,
+                              profile=EngineProfile.from_yaml(sim_profile) if sim_profile else None)
+            model = "cost model"
+            scripted = {t.instruction: t.plan for t in load_traces().values()}
+        elif kind == "vllm":
+            vllm = _vllm_config(p, scheduling)
+            spec = EngineSpec(kind="vllm", scheduling_policy=scheduling, profile=profile,
+                              vllm=asdict(vllm))
+            model = vllm.model
+        else:
+            raise ValueError(f"parameter engine.kind: {kind!r} is not 'vllm' or 'sim'")
+        return cls(policy_name=p["policy"], levels=levels, skill_sets=skill_sets,
+                   exec_model=exec_model, robots=robots, scheduler_config=config,
+                   engine_spec=spec, engine_kind=kind, engine_model=model,
+                   explicit_scheduling=explicit, warm=p["warm_prefix_cache"],
+                   scripted_plans=scripted)
+
+    def engine_fit(self, policy) -> tuple:
+        """What must match for `policy` to run on the engine built for these settings."""
+        needs = policy.engine_needs()
+        return (self.explicit_scheduling or needs.scheduling_policy,
+                needs.simulated_engine if self.engine_kind == "sim" else None)
+
+
+def _vllm_config(p: dict[str, Any], scheduling: str) -> VllmEngineConfig:
+    model = p["model"] or str(share.model_dir())
+    if not Path(model).is_dir():
+        raise ValueError(f"parameter model: {model} is not a directory; run "
+                         "`timelyllm model prepare` or point it at a local HF model")
+    fields = {fld: p[name] for name, (fld, _d) in ENGINE_PARAMS.items()}
+    if not fields["block_size"]:
+        fields["block_size"] = None
+    fields["scheduling_policy"] = scheduling
+    return VllmEngineConfig(model=model, **fields)
+
+
+def parse_robots(entries: list[str], skill_sets: dict) -> dict[str, str] | None:
+    """`["drone_1:drone", ...]` -> {robot id: skill set}; empty list = accept any robot."""
+    if not entries:
+        return None
+    robots = {}
+    for entry in entries:
+        robot_id, sep, kind = entry.partition(":")
+        if not sep or not robot_id or kind not in skill_sets:
+            raise ValueError(f"parameter robots: {entry!r} must be 'robot_id:skill_set' with a "
+                             f"skill set in {sorted(skill_sets)}")
+        robots[robot_id] = kind
+    return robots
