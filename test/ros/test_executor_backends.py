@@ -142,8 +142,9 @@ def test_executor_node_with_tello_backend_executes_segments(monkeypatch):
 
         r0, r1, bad = got[("fly-1", 0)], got[("fly-1", 1)], got[("bad-2", 0)]
         assert r0.success and r1.success, (r0.message, r1.message)
-        assert r0.robot_id == ROBOT and "takeoff, forward 100" in r0.message
-        assert not bad.success and "not a number" in bad.message
+        # The Tello interprets plans (robots/tello/runtime.py): the message is the interpreter's.
+        assert r0.robot_id == ROBOT and "2 call(s)" in r0.message
+        assert not bad.success and "_1" in bad.message and "mf,_1" in bad.message
         # Plausible start/finish: inside the test's window, ordered, and no faster than the
         # emulator's model of the commands (takeoff 5 s + forward 100 at (1 + 2) s, scaled).
         s0, f0, s1, f1 = (time_to_s(r0.started), time_to_s(r0.finished),
@@ -152,8 +153,10 @@ def test_executor_node_with_tello_backend_executes_segments(monkeypatch):
         assert f0 - s0 >= 0.9 * (5.0 + 3.0) * SCALE
         assert f1 - s1 >= 0.9 * ((1.0 + 1.0) + 4.0) * SCALE
         assert f0 - s0 < (5.0 + 3.0) * SCALE + 5.0
-        # What the drone saw: strictly in order, one at a time, all acknowledged.
-        assert [r.command for r in emu.log] == ["command", "takeoff", "forward 100", "cw 90", "land"]
+        # What the drone saw: strictly in order, one at a time, all acknowledged; the bad
+        # segment moved nothing and left the drone safe (`stop`: hover).
+        assert [r.command for r in emu.log] == ["command", "takeoff", "forward 100", "cw 90", "land",
+                                                "stop"]
         assert emu.overlaps == 0 and all(r.reply == "ok" for r in emu.log)
     finally:
         executor.shutdown(timeout_sec=5)

@@ -37,8 +37,9 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from timelyllm_ros.core.exec_model import ExecutionTimeModel
-from timelyllm_ros.core.skills.arm import ARM_SKILLS
+from timelyllm_ros.core.skills.arm import ARM, ARM_SKILLS
 from timelyllm_ros.core.skills.base import SkillCall
+from timelyllm_ros.core.skills.interpreter import TaskInterpreter
 
 
 class ArmError(RuntimeError):
@@ -113,6 +114,10 @@ class ArmBackend:
         self._stop = stop or threading.Event()
         # For the plan interpreter (core/skills/interpreter.py): TaskInterpreter(ARM, runtime).
         self.runtime = ArmRuntime(driver, fail_on_check=fail_on_check)
+
+    def interpreter(self) -> TaskInterpreter:
+        """A fresh per-task interpreter of the arm language on this arm."""
+        return TaskInterpreter(ARM, self.runtime)
 
     def execute(self, calls: Sequence[SkillCall]) -> tuple[bool, str]:
         started = time.monotonic()

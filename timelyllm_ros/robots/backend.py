@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import threading
-from typing import Protocol, Sequence
+from typing import Protocol, Sequence, runtime_checkable
 
 from timelyllm_ros.core.skills.base import SkillCall
+from timelyllm_ros.core.skills.interpreter import TaskInterpreter
 
 
 class SkillBackend(Protocol):
@@ -28,6 +29,16 @@ class SkillBackend(Protocol):
 
     def cancel(self) -> None:
         """Optional: stop the robot now (called from another thread while `execute` runs)."""
+
+
+@runtime_checkable
+class InterpretingBackend(Protocol):
+    """A backend that runs plans with the skill language's semantics (loops, conditionals,
+    variables across a task's segments, returns): the executor keeps one interpreter per task
+    and runs each segment's text through it, instead of the flat `calls` list."""
+
+    def interpreter(self) -> TaskInterpreter:
+        """A fresh interpreter for one task on this robot."""
 
 
 class StopSignal:

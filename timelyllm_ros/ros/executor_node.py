@@ -24,6 +24,7 @@ Threads: rclpy callbacks only queue work and answer goals; one worker thread run
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 from collections import OrderedDict
@@ -39,7 +40,8 @@ from rclpy.task import Future
 from timelyllm_ros.action import ExecuteSegment
 from timelyllm_ros.core.exec_model import ExecutionTimeModel
 from timelyllm_ros.msg import ExecutionReport
-from timelyllm_ros.robots.backend import SkillBackend, StopSignal
+from timelyllm_ros.core.skills.interpreter import SegmentOutcome, TaskInterpreter
+from timelyllm_ros.robots.backend import InterpretingBackend, SkillBackend, StopSignal
 from timelyllm_ros.robots.factory import make_backend
 from timelyllm_ros.robots.tello.sdk import DEFAULT_HOST as DEFAULT_TELLO_HOST
 from timelyllm_ros.robots.tello.sdk import DEFAULT_PORT as DEFAULT_TELLO_PORT
@@ -94,6 +96,11 @@ class ExecutorNode(Node):
             elif self.backend_kind == "replay":  # robots/replay.py: recorded durations
                 params.update(replay_table=str(self.declare_parameter("replay_table", "").value),
                               robot_id=self.robot_id)
+            elif self.backend_kind == "drone-sim":  # robots/drone_sim.py: a drone in a scene
+                scene = str(self.declare_parameter("scene", "").value)
+                params.update(scene=scene or None)
+            elif self.backend_kind == "action-bridge":  # robots/action_bridge.py: a skill map
+                params.update(skill_map=str(self.declare_parameter("skill_map", "").value))
             backend = make_backend(self.backend_kind, **params)
         else:
             self.backend_kind = type(backend).__name__
@@ -102,6 +109,10 @@ class ExecutorNode(Node):
         self._wake = threading.Condition(self._lock)
         self._ready: list[_Job] = []            # in execution order
         self._held: dict[str, dict[int, _Job]] = {}   # task -> early segments by sequence
+        # Task -> its plan interpreter (variables live across a task's segments), for a
+        # backend that interprets plans. The worker runs them; a cancel only drops an entry
+        # (single dict operations), and a cancelled task's later segments never start.
+        self._interpreters: "OrderedDict[str, TaskInterpreter]" = OrderedDict()
         self._next_sequence: dict[str, int] = {}
         self._running: _Job | None = None
         self._jobs: dict[bytes, _Job] = {}      # goal id -> job, until its result is sent
@@ -224,7 +235,7 @@ class ExecutorNode(Node):
                 job.handle.publish_feedback(feedback)
             except Exception:  # noqa: BLE001 - the goal may be gone already; execute anyway
                 pass
-            ok, message = self.execute_segment(list(job.goal.calls))
+            ok, message, returned, values = self.execute_segment(job)
             finished = self.get_clock().now()
             if self._signal.shutting_down:
                 return  # no answer from a node that is going away (the planner notices)
@@ -234,25 +245,61 @@ class ExecutorNode(Node):
                 if job.cancelled:
                     ok = False
                     message = f"cancelled after {(finished - started).nanoseconds * 1e-9:.2f} s ({message})"
-                self._finish(job, ok, message, started, finished)
+                self._finish(job, ok, message, started, finished, returned, values)
 
-    def execute_segment(self, wire_calls: list[str]) -> tuple[bool, str]:
-        """Execute one segment's calls on the backend: THE place a segment is run (the MiniSpec
-        interpreter replaces the body of this function)."""
-        try:
-            calls = [parse_wire_call(c) for c in wire_calls]
-        except ValueError as err:
-            return False, str(err)
-        return self._backend.execute(calls)
+    def execute_segment(self, job: "_Job") -> tuple[bool, str, bool, str]:
+        """Execute one segment on the backend: THE place a segment is run. Returns (success,
+        message, the plan returned, values as JSON).
+
+        A backend that interprets plans (`InterpretingBackend`: drone-sim, arm-sim, Tello,
+        action-bridge) runs the segment's text with the language's semantics through the
+        task's own interpreter: loops repeat, conditionals test what skills returned,
+        variables carry over to the task's next segment, `->` ends the plan. Any other backend
+        runs the flat `calls` list."""
+        goal = job.goal
+        if not isinstance(self._backend, InterpretingBackend):
+            try:
+                calls = [parse_wire_call(c) for c in goal.calls]
+            except ValueError as err:
+                return False, str(err), False, ""
+            ok, message = self._backend.execute(calls)
+            return ok, message, False, ""
+        interp = self._interpreters.get(goal.task_id)
+        if interp is None:
+            interp = self._interpreters[goal.task_id] = self._backend.interpreter()
+            while len(self._interpreters) > 1000:  # tasks that never sent their last segment
+                self._interpreters.popitem(last=False)
+
+        def on_call(call) -> None:
+            try:
+                job.handle.publish_feedback(ExecuteSegment.Feedback(
+                    call_index=len(calls_seen), current_call=call.statement,
+                    started=self.get_clock().now().to_msg()))
+            except Exception:  # noqa: BLE001 - the goal may be gone; the robot goes on
+                pass
+            calls_seen.append(call)
+
+        calls_seen: list = []
+        outcome: SegmentOutcome = interp.run_segment(goal.text, cancel_event=self._signal,
+                                                     on_call=on_call)
+        if goal.is_last or outcome.plan_ended:
+            self._interpreters.pop(goal.task_id, None)
+        values = {k: _json_value(v) for k, v in outcome.values.items()}
+        if outcome.ended_by_return:
+            values["returned"] = _json_value(outcome.returned_value)
+        message = outcome.message + (" (the plan returned)" if outcome.ended_by_return else "")
+        return outcome.success, message, outcome.ended_by_return, json.dumps(values)
 
     # ------------------------------------------------------------------ helpers (under _lock)
-    def _finish(self, job: _Job, ok: bool, message: str, started, finished) -> None:
+    def _finish(self, job: _Job, ok: bool, message: str, started, finished,
+                returned: bool = False, values: str = "") -> None:
         if job.finished:
             return
         job.finished = True
         kind = "cancelled" if job.cancelled else ("done" if ok else "failed")
         self.counts[kind] += 1
-        result = ExecuteSegment.Result(success=bool(ok), message=message)
+        result = ExecuteSegment.Result(success=bool(ok), message=message,
+                                       plan_returned=bool(returned), values=values)
         if started is not None:
             result.started, result.finished = started.to_msg(), finished.to_msg()
             # The record for LRTrace and monitors (the planner reads the action's result).
@@ -269,6 +316,7 @@ class ExecutorNode(Node):
 
     def _drop_task(self, task_id: str) -> None:
         self._held.pop(task_id, None)
+        self._interpreters.pop(task_id, None)
         self._next_sequence.pop(task_id, None)
 
     def _diagnose(self):
@@ -323,3 +371,11 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _json_value(value):
+    """A skill's value as JSON: booleans, numbers, strings and null as they are; anything else
+    (MiniSpec's "unknown" from a vision skill without a source) as its text."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)

@@ -151,7 +151,8 @@ class PlannerNode(LifecycleNode):
         return None
 
     def _post_report(self, task_id: str, sequence: int, started: float | None,
-                     finished: float | None, success: bool, message: str) -> None:
+                     finished: float | None, success: bool, message: str,
+                     returned: bool = False) -> None:
         loop = self.loop
         if loop is None:
             return
@@ -161,7 +162,8 @@ class PlannerNode(LifecycleNode):
             start = self._bridge.to_engine(started) if started else now
             finish = self._bridge.to_engine(finished) if finished else max(now, start)
             try:
-                scheduler.on_report(task_id, sequence, start, finish, success, message)
+                scheduler.on_report(task_id, sequence, start, finish, success, message,
+                                    returned=returned)
             except (KeyError, ValueError) as err:
                 self.get_logger().error(f"ignored result for {task_id}#{sequence}: "
                                         f"{err.args[0] if err.args else err}")

@@ -32,8 +32,9 @@ MISSES_TO_FAIL = 2
 SERVER_WAIT_S = 10.0
 ENDED_KEPT = 10_000
 
-# report(task_id, sequence, started_ros_s | None, finished_ros_s | None, success, message)
-Report = Callable[[str, int, "float | None", "float | None", bool, str], None]
+# report(task_id, sequence, started_ros_s | None, finished_ros_s | None, success, message,
+#        returned): `returned` when the robot says the segment ended the plan (MiniSpec `->`).
+Report = Callable[[str, int, "float | None", "float | None", bool, str, bool], None]
 
 
 class RobotLink:
@@ -128,7 +129,8 @@ class RobotLink:
         started = time_to_s(result.started) or None
         finished = time_to_s(result.finished) or None
         self._report(*key, started, finished, bool(result.success) and
-                     response.status == GoalStatus.STATUS_SUCCEEDED, result.message)
+                     response.status == GoalStatus.STATUS_SUCCEEDED, result.message,
+                     bool(result.plan_returned))
 
     async def _cancel_task(self, task_id: str) -> None:
         with self._lock:

@@ -60,6 +60,13 @@ class TelloBackend(TelloClient):
 
         self.runtime = TelloRuntime(self)
 
+    def interpreter(self):
+        """A fresh per-task MiniSpec interpreter on this Tello (vision skills answer "unknown"
+        until a vision source is configured; robots/tello/runtime.py)."""
+        from timelyllm_ros.core.skills.interpreter import TaskInterpreter
+        from timelyllm_ros.core.skills.minispec import MINISPEC
+        return TaskInterpreter(MINISPEC, self.runtime)
+
     def execute(self, calls: Sequence[SkillCall]) -> tuple[bool, str]:
         """Run the calls in order; (True, summary) or (False, what failed and why)."""
         started = time.monotonic()
