@@ -30,6 +30,7 @@ from __future__ import annotations
 import re
 
 from timelyllm_ros.core.skills.base import SkillSyntaxError, Token
+from timelyllm_ros.core.skills.base import tokenize as tokenize_with
 from timelyllm_ros.core.skills.minispec_ast import (
     BOOL_WORDS,
     COMPARATORS,
@@ -67,19 +68,8 @@ _TOKEN_RE = re.compile(
 
 
 def tokenize(text: str) -> list[Token]:
-    tokens: list[Token] = []
-    pos = 0
-    while pos < len(text):
-        m = _TOKEN_RE.match(text, pos)
-        if m is None or m.end() == pos:
-            ch = text[pos]
-            if ch in "'\"":
-                raise SkillSyntaxError("unterminated string", pos)
-            raise SkillSyntaxError(f"unexpected character {ch!r}", pos)
-        if m.lastgroup != "ws":
-            tokens.append(Token(m.lastgroup or "", m.group(), pos))
-        pos = m.end()
-    return tokens
+    """MiniSpec's tokens (the shared loop of core.skills.base with MiniSpec's pattern)."""
+    return tokenize_with(text, _TOKEN_RE)
 
 
 def _number(text: str) -> int | float:
