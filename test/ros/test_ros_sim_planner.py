@@ -80,3 +80,30 @@ def test_planner_refuses_an_unknown_engine_scheduling_policy(monkeypatch):
         if node is not None:
             node.destroy_node()
         rclpy.shutdown()
+
+
+def test_planner_settings_for_vllm_servers(monkeypatch):
+    """engine.kind openai: the planner is a client of running `vllm serve` servers (one URL, or
+    replicas); the spec is built from the parameters without contacting them."""
+    monkeypatch.setenv("ROS_DOMAIN_ID", "133")
+    isolate_ros_network()
+    import rclpy
+
+    from timelyllm_ros.ros.planner_node import PlannerNode
+    from timelyllm_ros.ros.planner_params import PlannerSettings, values
+
+    rclpy.init(args=["--ros-args", "-p", "engine.kind:=openai", "-p",
+                     "robots:=['drone_1:drone']", "-p",
+                     "engine.replicas:=['http://127.0.0.1:8001','http://127.0.0.1:8002']"])
+    node = None
+    try:
+        node = PlannerNode()
+        settings = PlannerSettings.from_parameters(values(node))
+        spec = settings.engine_spec
+        assert spec.kind == "openai"
+        assert spec.replicas == ("http://127.0.0.1:8001", "http://127.0.0.1:8002")
+        assert "8001" in settings.engine_model
+    finally:
+        if node is not None:
+            node.destroy_node()
+        rclpy.shutdown()

@@ -44,14 +44,17 @@ def format_table(rows: list[dict]) -> str:
         return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
     header = (f"{'task':<12} {'robot':<8} {'urgency':<7} {'state':<9} {'resp s':>7} {'utility':>8} "
-              f"{'wait s':>7} {'segs':>4} {'resumes':>7} {'cached/resume':>13}")
+              f"{'wait s':>7} {'segs':>4} {'resumes':>7} {'cached/resume':>13} "
+              f"{'recomputed/resume':>17}")
     lines = [header, "-" * len(header)]
     for r in rows:
         cached = (f"{r['cached_total'] / r['resumes']:.0f}" if r["resumes"] else "-")
+        recomputed = (f"{r['recomputed_per_resume']:.1f}" if r["resumes"] else "-")
         lines.append(
             f"{r['task_id']:<12} {r['robot']:<8} {r['urgency']:<7} {r['state']:<9} "
             f"{fmt(r['response_time_s'], '7.3f')} {fmt(r['utility'], '8.3f')} "
-            f"{fmt(r['waiting_time_s'], '7.2f')} {r['segments']:>4} {r['resumes']:>7} {cached:>13}")
+            f"{fmt(r['waiting_time_s'], '7.2f')} {r['segments']:>4} {r['resumes']:>7} {cached:>13} "
+            f"{recomputed:>17}")
     return "\n".join(lines)
 
 
@@ -108,6 +111,7 @@ def run_demo(*, policy: str = DEFAULT_POLICY, description: Path = DEFAULT_DESCRI
                 "utility": r.utility if r else None, "waiting_time_s": r.waiting_time_s if r else None,
                 "segments": r.segments if r else 0, "resumes": resumes,
                 "cached_total": r.mean_cached_tokens_per_resume * resumes if r else 0,
+                "recomputed_per_resume": r.mean_recomputed_tokens_per_resume if r else 0.0,
             })
         print("\n" + format_table(rows))
         for task_id, *_ in DEMO_TASKS:

@@ -74,7 +74,9 @@ def result_of(snapshot: TaskSnapshot) -> PlanTask.Result:
         response_time_s=float(snapshot.response_time_s), utility=float(snapshot.utility),
         waiting_time_s=float(snapshot.waiting_time_s), segments=snapshot.segments_dispatched,
         resumes=resumes,
-        mean_cached_tokens_per_resume=snapshot.cached_tokens_total / resumes if resumes else 0.0)
+        mean_cached_tokens_per_resume=snapshot.cached_tokens_total / resumes if resumes else 0.0,
+        mean_recomputed_tokens_per_resume=(snapshot.recomputed_tokens_total / resumes
+                                           if resumes else 0.0))
 
 
 def rejected(task_id: str, reason: str) -> PlanTask.Result:

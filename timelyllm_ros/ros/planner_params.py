@@ -47,8 +47,14 @@ PARAMETERS: dict[str, tuple[Any, int, str, bool, tuple | None]] = {
     "warm_prefix_cache": (True, _B, "prefill each skill set's fixed prompt at configure", True, None),
     "max_running_generations": (0, _I, "cap on generations running at once; 0 = the policy's "
                                 "own admission", True, (0, 4096)),
-    "engine.kind": ("vllm", _S, "'vllm' (the real engine) or 'sim' (the cost-model engine paced "
-                    "to the wall clock; it 'generates' each LRTrace trace's plan)", True, None),
+    "engine.kind": ("vllm", _S, "'vllm' (the embedded real engine), 'openai' (a client of "
+                    "running `vllm serve` servers: engine.url or engine.replicas) or 'sim' (the "
+                    "cost-model engine paced to the wall clock; it 'generates' each LRTrace "
+                    "trace's plan)", True, None),
+    "engine.url": ("http://127.0.0.1:8000", _S, "engine.kind openai: the vLLM server", True, None),
+    "engine.replicas": ([], _SA, "engine.kind openai: several vLLM servers (URLs); new tasks go "
+                        "to the one with the most free capacity, a task's resumes stay on its "
+                        "replica", True, None),
     "engine.sim_profile": ("", _S, "engine profile YAML for engine.kind sim; empty = default", True, None),
     "engine.profile": ("", _S, "cost model of the real engine (relative to config_dir) for "
                        "policies that predict step times", True, None),
@@ -90,8 +96,16 @@ def declare(node) -> None:
 
 
 def values(node) -> dict[str, Any]:
-    out = {n: node.get_parameter(n).value for n in (*PARAMETERS, *ENGINE_PARAMS)}
+    from rclpy.exceptions import ParameterUninitializedException
+
+    out = {}
+    for name in (*PARAMETERS, *ENGINE_PARAMS):
+        try:
+            out[name] = node.get_parameter(name).value
+        except ParameterUninitializedException:  # a string array declared without a value
+            out[name] = []
     out["robots"] = list(out["robots"] or [])
+    out["engine.replicas"] = list(out["engine.replicas"] or [])
     return out
 
 
@@ -156,8 +170,16 @@ class PlannerSettings:
             spec = EngineSpec(kind="vllm", scheduling_policy=scheduling, profile=profile,
                               vllm=asdict(vllm))
             model = vllm.model
+        elif kind == "openai":
+            spec = EngineSpec.from_params(
+                {"kind": "openai", "url": p["engine.url"], "replicas": list(p["engine.replicas"]),
+                 "temperature": p["engine.temperature"], "seed": p["engine.seed"],
+                 "repetition_penalty": p["engine.repetition_penalty"],
+                 "max_num_seqs": p["engine.max_num_seqs"]},
+                profile=profile, scheduling_policy=scheduling)
+            model = ", ".join(p["engine.replicas"]) or p["engine.url"]
         else:
-            raise ValueError(f"parameter engine.kind: {kind!r} is not 'vllm' or 'sim'")
+            raise ValueError(f"parameter engine.kind: {kind!r} is not 'vllm', 'openai' or 'sim'")
         return cls(policy_name=p["policy"], levels=levels, skill_sets=skill_sets,
                    exec_model=exec_model, robots=robots, scheduler_config=config,
                    engine_spec=spec, engine_kind=kind, engine_model=model,
