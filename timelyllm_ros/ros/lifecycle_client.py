@@ -39,7 +39,10 @@ class LifecycleClient:
             time.sleep(0.1)
         return False
 
-    def state(self, timeout_s: float = 5.0) -> str:
+    def state(self, timeout_s: float = 30.0) -> str:
+        # An answer takes milliseconds; the timeout only catches a dead node. It is generous
+        # because a node whose engine thread has just started (configure) on a loaded 2-core
+        # machine was seen to answer after more than 5 s.
         return _wait(self._get.call_async(GetState.Request()), timeout_s,
                      f"{self.target}/get_state").current_state.label
 
