@@ -35,11 +35,17 @@ class ClockBridge:
         self._engine_now = engine_now
         self._ros_now = ros_now
 
-    def to_engine(self, ros_seconds: float) -> float:
-        return ros_seconds - (self._ros_now() - self._engine_now())
+    def offset(self) -> float:
+        """ROS time minus engine time, now. It drifts (the simulated engine's clock is paced
+        to the wall clock, not locked to it), so times that must keep their order (a
+        segment's start and finish) are converted with one reading of it."""
+        return self._ros_now() - self._engine_now()
+
+    def to_engine(self, ros_seconds: float, offset: float | None = None) -> float:
+        return ros_seconds - (self.offset() if offset is None else offset)
 
     def to_ros(self, engine_seconds: float) -> float:
-        return engine_seconds + (self._ros_now() - self._engine_now())
+        return engine_seconds + self.offset()
 
 
 def goal_fields(msg: TaskGoal, clock: ClockBridge) -> GoalFields:

@@ -159,8 +159,9 @@ class PlannerNode(LifecycleNode):
 
         def apply(scheduler):
             now = scheduler.engine.now()
-            start = self._bridge.to_engine(started) if started else now
-            finish = self._bridge.to_engine(finished) if finished else max(now, start)
+            offset = self._bridge.offset()  # one reading: start and finish keep their order
+            start = self._bridge.to_engine(started, offset) if started else now
+            finish = self._bridge.to_engine(finished, offset) if finished else max(now, start)
             try:
                 scheduler.on_report(task_id, sequence, start, finish, success, message,
                                     returned=returned)
