@@ -19,6 +19,7 @@ import argparse
 import dataclasses
 import json
 import math
+import multiprocessing
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -129,7 +130,11 @@ def run_all(workloads: Sequence[str], policies: Sequence[str], out: Path, jobs: 
     if total:
         print(f"compare: {total} runs on {jobs} processes ({len(workloads) * len(policies) - total}"
               " cached)", file=sys.stderr)
-    with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
+    # Spawned, not forked: a fork copies the parent's threads' locks mid-use (a process that
+    # has used rclpy or vLLM has DDS and engine threads), and such a child can die at once
+    # (seen as BrokenProcessPool in the test suite, after the ROS tests).
+    with ProcessPoolExecutor(max_workers=max(1, jobs),
+                             mp_context=multiprocessing.get_context("spawn")) as pool:
         futures = {pool.submit(run_one, w, p): (w, p) for w, p in todo}
         for done, fut in enumerate(as_completed(futures), 1):
             w, p = futures[fut]
