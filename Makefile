@@ -7,7 +7,7 @@
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup demo test test-fast bench golden clean
+.PHONY: setup demo test test-fast bench golden soak clean
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -29,6 +29,11 @@ golden: setup
 
 bench: setup
 	$(VENV)/bin/timelyllm bench --workload WID1 --policies vllm,vllm-stream,fcfs-seg,edf-seg,timelyllm --engine sim
+
+# 200 simulated robots (one fleet-simulator process) against the planner on the wall-clock
+# simulated engine, over ROS, for 10 minutes plus the drain; figures to docs/soak/.
+soak: setup
+	$(VENV)/bin/timelyllm soak --robots 200 --duration-s 600 --out docs/soak
 
 clean:
 	rm -rf .cache out models build install log

@@ -86,9 +86,9 @@ def test_executor_node_with_tello_backend_executes_segments(monkeypatch):
     spin = None
     try:
         node = ExecutorNode()
-        assert isinstance(node._backend, TelloBackend)
-        assert node._backend.drone == ("127.0.0.1", emu.port)
-        emu.state_port = node._backend.state_port
+        assert isinstance(node.robot.backend, TelloBackend)
+        assert node.robot.backend.drone == ("127.0.0.1", emu.port)
+        emu.state_port = node.robot.backend.state_port
 
         client = Node("tello_test_client")
         reports: list[ExecutionReport] = []
@@ -112,7 +112,7 @@ def test_executor_node_with_tello_backend_executes_segments(monkeypatch):
         spin.start()
         assert action.wait_for_server(timeout_sec=30), "executor did not serve execute_segment"
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and node._report_pub.get_subscription_count() == 0:
+        while time.monotonic() < deadline and node.robot.report_pub.get_subscription_count() == 0:
             time.sleep(0.05)
 
         segments = [

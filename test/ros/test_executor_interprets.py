@@ -91,7 +91,7 @@ def test_loops_conditionals_variables_and_return_on_the_robot(drone_sim_executor
     # A fresh task starts with no variables: reading _1 fails the segment, naming it.
     result, _ = run("t2", 0, "?_1==False{mf,50};", is_last=True)
     assert not result.success and "_1" in result.message
-    assert node._interpreters == {}  # nothing kept once tasks end
+    assert node.robot.interpreters == {}  # nothing kept once tasks end
 
 
 def test_a_bad_argument_fails_the_segment_before_anything_moves(drone_sim_executor):

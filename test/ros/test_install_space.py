@@ -54,8 +54,8 @@ def _installed(install: Path, command: str, cwd: Path, **kwargs) -> subprocess.P
 
 def test_install_space_has_the_executables_and_data(install):
     lib = install / "timelyllm_ros" / "lib" / "timelyllm_ros"
-    for exe in ("planner_node", "drone_executor_node", "executor_node", "status_recorder_node",
-                "lrtrace_recorder_node"):
+    for exe in ("planner_node", "drone_executor_node", "executor_node", "fleet_sim_node",
+                "status_recorder_node", "lrtrace_recorder_node"):
         assert (lib / exe).is_file() and (lib / exe).stat().st_mode & 0o111, exe
     share = install / "timelyllm_ros" / "share" / "timelyllm_ros"
     for path in ("config/planner.yaml", "config/skillsets/drone.yaml", "lrtrace/traces.yaml",

@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, str] = {
     "update": "change a running task's urgency or TUF",
     "top": "live view of the planner: queue, KV use, tasks",
     "plan": "dry-run a plan on a simulated robot (`timelyllm plan run PROGRAM`)",
+    "soak": "run a fleet of simulated robots against the planner over ROS for minutes",
 }
 
 

@@ -47,12 +47,25 @@ class SkillTimeModel:
     a lognormal factor with median 1 (real robots both beat and miss their nominal timings)."""
 
     jitter_sigma: float = 0.0
+    # The longest plausible duration where the draws do not show it (a sweep defined as a loop
+    # of turns and checks that may run every iteration); None: from the draws.
+    max_s: float | None = None
     kind = "abstract"
 
     def nominal(self, args: Sequence[str]) -> float:
         raise NotImplementedError
 
     def minimum(self, args: Sequence[str]) -> float:
+        return self.nominal(args)
+
+    def maximum(self, args: Sequence[str]) -> float:
+        """A plausible longest duration: the slowest draw, stretched by three sigma of jitter.
+        The planner waits this long (plus its margin) before it calls a robot dead."""
+        longest = self._slowest_draw(args) * (math.exp(3.0 * self.jitter_sigma)
+                                              if self.jitter_sigma > 0 else 1.0)
+        return longest if self.max_s is None else max(longest, self.max_s)
+
+    def _slowest_draw(self, args: Sequence[str]) -> float:
         return self.nominal(args)
 
     def draw(self, args: Sequence[str], rng: np.random.Generator) -> float:
@@ -111,6 +124,9 @@ class EmpiricalModel(SkillTimeModel):
     def minimum(self, args):
         return min(self.samples)
 
+    def _slowest_draw(self, args):
+        return max(self.samples)
+
     def draw(self, args, rng):
         return float(self.samples[int(rng.integers(len(self.samples)))])
 
@@ -135,7 +151,7 @@ _KINDS: dict[str, tuple[type, tuple[str, ...], dict[str, Any]]] = {
     "empirical": (EmpiricalModel, ("samples",), {}),
     "reading": (ReadingModel, (), {"words_per_minute": 300.0, "fixed_s": 0.0}),
 }
-_COMMON_OPTIONAL = {"jitter_sigma": 0.0, "note": None}
+_COMMON_OPTIONAL = {"jitter_sigma": 0.0, "max_s": None, "note": None}
 
 
 def _number(source: str, key: str, value: Any, *, positive: bool = False) -> float:
@@ -182,6 +198,8 @@ def parse_skill_model(spec: Any, source: str, key: str) -> SkillTimeModel:
             params[k] = _number(source, f"{key}.{k}", v, positive=(k == "words_per_minute"))
     if "jitter_sigma" in spec:
         params["jitter_sigma"] = _number(source, f"{key}.jitter_sigma", spec["jitter_sigma"])
+    if "max_s" in spec:
+        params["max_s"] = _number(source, f"{key}.max_s", spec["max_s"])
     return cls(**params)
 
 
@@ -262,6 +280,14 @@ class ExecutionTimeModel:
         if observed is not None:
             return observed
         return sum(self._call_min(c) * call_weight(c) for c in calls)
+
+    def estimate_segment_max(self, calls: Iterable[CallLike]) -> float:
+        """A plausible longest duration of the segment (each call's `maximum`, times its
+        weight), never below the minimum estimate: what the planner's dead-robot timeout waits
+        for, where the minimum would call a robot dead in the middle of a long sweep."""
+        calls = tuple(calls)
+        upper = sum(self.model_for(c.name).maximum(c.args) * call_weight(c) for c in calls)
+        return max(upper, self.estimate_segment_min(calls))
 
     def estimate_segment_nominal(self, calls: Iterable[CallLike]) -> float:
         """The jitter-free duration the model expects (nominal per call, times its weight)."""

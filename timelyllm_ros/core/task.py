@@ -29,6 +29,9 @@ class TaskSpec:
     # This task's own output budget (an API client's max_tokens), below the skill set's
     # max_plan_tokens; None = the skill set's. It is also the hard output bound MC-SF plans with.
     max_plan_tokens: int | None = None
+    # What the robot sees of its surroundings (TypeFly's scene description), put into the
+    # prompt's user message after the skill set's shared system prompt; empty: none.
+    scene: str = ""
 
     @property
     def is_urgent(self) -> bool:

@@ -18,7 +18,6 @@ import threading
 import uuid
 
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
-from rclpy.task import Future
 
 from timelyllm_ros.action import PlanTask
 from timelyllm_ros.core.sched.interface import SegmentDispatch, TaskRejected
@@ -40,7 +39,7 @@ class Watch:
         self.task_id = task_id
         self.handle = handle
         self._executor = executor
-        self.done: Future = Future()
+        self.result: PlanTask.Result | None = None
         self.finished = False
         self.state = "queued"
         self.segments = 0
@@ -63,8 +62,11 @@ class Watch:
         if self.finished:
             return
         self.finished = True
-        # Completed on an executor thread, which resumes the awaiting _execute coroutine.
-        self._executor.create_task(self.done.set_result, result)
+        self.result = result
+        # The goal is executed only now, with its result ready, on an executor thread: an
+        # execute callback awaiting the result would be a coroutine, and rclpy resumes every
+        # pending coroutine on every executor iteration (hundreds of tasks starve the node).
+        self._executor.create_task(self.handle.execute)
 
 
 def result_of(snapshot: TaskSnapshot) -> PlanTask.Result:
@@ -102,6 +104,7 @@ class PlanTaskServer:
         self._routes: dict[str, Watch] = {}   # engine thread only
         self.server = ActionServer(
             node, PlanTask, topics.PLAN_TASK, execute_callback=self._execute,
+            handle_accepted_callback=self._on_accepted,
             goal_callback=lambda _goal: GoalResponse.ACCEPT, cancel_callback=self._on_cancel,
             callback_group=group, result_timeout=topics.ACTION_RESULT_TIMEOUT_S,
             **topics.action_qos())
@@ -120,19 +123,22 @@ class PlanTaskServer:
             return len(self._by_goal)
 
     # ------------------------------------------------------------------ action (executor threads)
-    async def _execute(self, handle) -> PlanTask.Result:
+    def _on_accepted(self, handle) -> None:
+        """A goal the action layer took: admit it (the goal is executed when it ends)."""
         goal = handle.request
         task_id = goal.task_id or f"{goal.robot_id or 'task'}-{uuid.uuid4().hex[:8]}"
         watch = Watch(task_id, handle, self._node.executor)
-        key = bytes(handle.goal_id.uuid)
         with self._lock:
-            self._by_goal[key] = watch
-        try:
-            reason = self._node.admit(goal_fields(goal, task_id), watch)
-            result = rejected(task_id, reason) if reason is not None else await watch.done
-        finally:
-            with self._lock:
-                self._by_goal.pop(key, None)
+            self._by_goal[bytes(handle.goal_id.uuid)] = watch
+        reason = self._node.admit(goal_fields(goal, task_id), watch)
+        if reason is not None:
+            watch.finish(rejected(task_id, reason))
+
+    def _execute(self, handle) -> PlanTask.Result:
+        """The execute callback, run once the goal's result exists (Watch.finish)."""
+        with self._lock:
+            watch = self._by_goal.pop(bytes(handle.goal_id.uuid))
+        result = watch.result
         if result.state == "done":
             handle.succeed()
         elif result.state == "cancelled" and handle.is_cancel_requested:

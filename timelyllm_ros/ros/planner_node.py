@@ -143,6 +143,9 @@ class PlannerNode(LifecycleNode):
         except GoalError as err:
             self.publish_rejection(fields.task_id, fields.robot_id, str(err))
             return str(err)
+        scene = self.settings.scenes.get(spec.robot_id)
+        if scene:
+            spec = replace(spec, scene=scene)
         if self.settings.engine_kind == "sim":
             spec = replace(spec, scripted_plan=self.settings.scripted_plans.get(
                 spec.instruction, _FALLBACK_PLANS.get(spec.skill_set, "tk;ld;")))

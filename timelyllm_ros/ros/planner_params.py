@@ -39,6 +39,8 @@ PARAMETERS: dict[str, tuple[Any, int, str, bool, tuple | None]] = {
                    "the package's config (source tree or share dir)", True, None),
     "exec_model": ("", _S, "execution-time model YAML; empty = config_dir/exec_model.yaml", True, None),
     "robots": ([], _SA, "robots served, as robot_id:skill_set; empty = any robot id", True, None),
+    "scenes": ([], _SA, "robot_id:scene.yaml per robot (config/scenes/ format; a relative path is "
+               "under config_dir): what the robot sees goes into its tasks' prompts", True, None),
     "network_latency_s": (0.0, _F, "one-way planner-robot latency added to estimates", True, (0.0, 10.0)),
     "report_timeout_factor": (3.0, _F, "a robot that has not finished a segment by its estimated "
                               "completion + max(factor x estimate, report_timeout_min_s) is dead "
@@ -105,6 +107,7 @@ def values(node) -> dict[str, Any]:
         except ParameterUninitializedException:  # a string array declared without a value
             out[name] = []
     out["robots"] = list(out["robots"] or [])
+    out["scenes"] = list(out["scenes"] or [])
     out["engine.replicas"] = list(out["engine.replicas"] or [])
     return out
 
@@ -125,6 +128,8 @@ class PlannerSettings:
     explicit_scheduling: str
     warm: bool
     scripted_plans: dict[str, str] = field(default_factory=dict)
+    # robot id -> its scene description (TypeFly's form), put into its tasks' prompts.
+    scenes: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_parameters(cls, p: dict[str, Any]) -> "PlannerSettings":
@@ -184,7 +189,8 @@ class PlannerSettings:
                    exec_model=exec_model, robots=robots, scheduler_config=config,
                    engine_spec=spec, engine_kind=kind, engine_model=model,
                    explicit_scheduling=explicit, warm=p["warm_prefix_cache"],
-                   scripted_plans=scripted)
+                   scripted_plans=scripted,
+                   scenes=parse_scenes(p["scenes"], config_dir, robots))
 
     def engine_fit(self, policy) -> tuple:
         """What must match for `policy` to run on the engine built for these settings."""
@@ -217,3 +223,24 @@ def parse_robots(entries: list[str], skill_sets: dict) -> dict[str, str] | None:
                              f"skill set in {sorted(skill_sets)}")
         robots[robot_id] = kind
     return robots
+
+
+def parse_scenes(entries: list[str], config_dir: Path,
+                 robots: dict[str, str] | None = None) -> dict[str, str]:
+    """`["drone_1:scenes/drone_room.yaml", ...]` -> {robot id: what it sees, described as in
+    TypeFly's prompt}. The description is of the robot's pose in the file (where it starts)."""
+    from timelyllm_ros.robots.scene import SceneError, load_scene
+
+    scenes = {}
+    for entry in entries:
+        robot_id, sep, path = entry.partition(":")
+        if not sep or not robot_id or not path:
+            raise ValueError(f"parameter scenes: {entry!r} must be 'robot_id:scene.yaml'")
+        if robots is not None and robot_id not in robots:
+            raise ValueError(f"parameter scenes: robot {robot_id!r} is not in parameter robots")
+        file = Path(path) if Path(path).is_absolute() else config_dir / path
+        try:
+            scenes[robot_id] = load_scene(file).describe()
+        except SceneError as err:
+            raise ValueError(f"parameter scenes: {err}") from None
+    return scenes

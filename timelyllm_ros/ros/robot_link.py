@@ -25,6 +25,7 @@ from rclpy.action import ActionClient
 from timelyllm_ros.action import ExecuteSegment
 from timelyllm_ros.core.sched.interface import SegmentDispatch
 from timelyllm_ros.ros import topics
+from timelyllm_ros.ros.action_client import SpinSafeActionClient
 from timelyllm_ros.ros.conversions import s_to_time, time_to_s
 
 CHECK_PERIOD_S = 0.5
@@ -58,7 +59,8 @@ class RobotLink:
         with self._lock:
             c = self._clients.get(robot_id)
             if c is None:
-                c = self._clients[robot_id] = ActionClient(
+                # Created on an executor thread while others spin: see action_client.py.
+                c = self._clients[robot_id] = SpinSafeActionClient(
                     self._node, ExecuteSegment, topics.robot_topic(robot_id, topics.EXECUTE_SEGMENT),
                     callback_group=self._group, **topics.action_qos())
             return c
@@ -97,7 +99,9 @@ class RobotLink:
         self._node.executor.create_task(self._cancel_task, task_id)
 
     # ------------------------------------------------------------------ executor threads
-    async def _send(self, robot_id: str, goal: ExecuteSegment.Goal) -> None:
+    # Callbacks, not coroutines: rclpy resumes every pending coroutine on every executor
+    # iteration, so one awaiting each robot's result would starve the planner of a fleet.
+    def _send(self, robot_id: str, goal: ExecuteSegment.Goal) -> None:
         key = (goal.task_id, goal.sequence)
         client = self.client(robot_id)
         deadline = time.monotonic() + SERVER_WAIT_S
@@ -108,7 +112,11 @@ class RobotLink:
             self._report(*key, None, None, False, f"no ExecuteSegment action server at "
                          f"{topics.robot_topic(robot_id, topics.EXECUTE_SEGMENT)}")
             return
-        handle = await client.send_goal_async(goal)
+        client.send_goal_async(goal).add_done_callback(
+            lambda future: self._on_goal_response(goal, future.result()))
+
+    def _on_goal_response(self, goal: ExecuteSegment.Goal, handle) -> None:
+        key = (goal.task_id, goal.sequence)
         if not handle.accepted:
             self._drop(*key)
             self._report(*key, None, None, False, "the robot refused the segment")
@@ -120,7 +128,11 @@ class RobotLink:
         if ended:
             self.cancel_requested_at[key] = time.monotonic()
             handle.cancel_goal_async()
-        response = await handle.get_result_async()
+        handle.get_result_async().add_done_callback(
+            lambda future: self._on_result(goal, future.result()))
+
+    def _on_result(self, goal: ExecuteSegment.Goal, response) -> None:
+        key = (goal.task_id, goal.sequence)
         if not self._drop(*key):
             return  # given up on (server vanished): already reported
         result = response.result
@@ -132,7 +144,7 @@ class RobotLink:
                      response.status == GoalStatus.STATUS_SUCCEEDED, result.message,
                      bool(result.plan_returned))
 
-    async def _cancel_task(self, task_id: str) -> None:
+    def _cancel_task(self, task_id: str) -> None:
         with self._lock:
             handles = [(seq, h) for seq, h in self._goals.get(task_id, {}).items() if h is not None]
         for seq, handle in handles:

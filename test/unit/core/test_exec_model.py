@@ -111,3 +111,30 @@ def test_shipped_config_covers_skill_families(model):
             "turn_cw", "turn_ccw", "delay", "is_visible", "sweeping", "pick", "place", "move",
             "check", "say"} <= names
     assert all(math.isfinite(model.estimate_min(C(n, 10))) for n in names)
+
+
+def test_longest_estimate_covers_a_full_sweep_and_every_sample(model):
+    sweep = [C("sweeping", "cat")]
+    assert model.estimate_segment_min(sweep) == pytest.approx(1.5)   # found at the first step
+    # A full turn, as the simulated drone runs TypeFly's definition (config max_s).
+    assert model.estimate_segment_max(sweep) == pytest.approx(14.4)
+    assert model.estimate_segment_max([C("sweeping_abstract", "a tool")]) == pytest.approx(24.0)
+    # Without jitter longest == minimum; jitter (sigma 0.1) stretches it by e^(3 sigma).
+    assert model.estimate_segment_max([C("log", "hi")]) == pytest.approx(0.05)
+    assert model.estimate_segment_max([C("move_forward", 50)]) == pytest.approx(2.0 * math.exp(0.3))
+    rng = np.random.default_rng(0)
+    for call in (C("sweeping", "cat"), C("move_forward", 100), C("turn_cw", 45)):
+        upper = model.estimate_segment_max([call])
+        assert upper >= model.estimate_segment_min([call])
+        assert all(model.sample(call, rng) <= upper + 1e-9 for _ in range(500)), call
+
+
+def test_longest_estimate_bounds_the_simulated_drones_full_sweeps(model):
+    """What the planner waits for covers what the drone-sim takes when the object is absent."""
+    from timelyllm_ros.robots.factory import make_backend
+
+    for segment, call in (("_1=s,unicorn;", C("sweeping", "unicorn")),
+                          ("_1=sa,'a unicorn';", C("sweeping_abstract", "a unicorn"))):
+        outcome = make_backend("drone-sim", time_scale=0.0).interpreter().run_segment(segment)
+        assert outcome.success and outcome.duration_s > 12.0, (segment, outcome.message)
+        assert model.estimate_segment_max([call]) >= outcome.duration_s - 1e-9

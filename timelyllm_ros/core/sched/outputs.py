@@ -146,10 +146,13 @@ class OutputStep:
         start = max(arrive, task.robot_free_at(arrive),
                     self._robots.free_at(task.spec.robot_id, arrive))
         done = start + estimate
+        # Priorities plan with the minimum (the paper's rule); the dead-robot timeout must not:
+        # a sweep's minimum is one 45-degree step, its longest a full turn.
+        longest = self.exec_model.estimate_segment_max(calls) if calls else 0.0
         segment = SegmentRecord(
             sequence=len(task.segments), text=text, calls=calls, is_last=is_last,
             estimated_execution_s=estimate, dispatched_s=now, estimated_done_s=done,
-            report_deadline_s=done + self.config.network_latency_s + max(
+            report_deadline_s=start + longest + self.config.network_latency_s + max(
                 self.config.report_timeout_factor * estimate, self.config.report_timeout_min_s))
         task.segments.append(segment)
         self._robots.dispatched(task.spec.robot_id, segment, owner=task)

@@ -62,8 +62,8 @@ class SchedulerConfig:
     # One-way robot<->planner latency added to dispatch times (the paper measured 8 ms on a LAN).
     network_latency_s: float = 0.0
     # A robot that has not reported a segment by
-    #   estimated completion + network latency
-    #     + max(report_timeout_factor * estimated execution, report_timeout_min_s)
+    #   estimated start + longest plausible execution (ExecutionTimeModel.estimate_segment_max)
+    #     + network latency + max(report_timeout_factor * estimated execution, report_timeout_min_s)
     # is declared dead for that task: the task fails and its engine request and queue entry go.
     # Robots execute in order, so only a task's earliest unreported segment is checked; the
     # estimates (and deadlines) of later ones move when earlier ones are reported.
@@ -187,7 +187,7 @@ class SegmentScheduler(AdmissionStep, OutputStep):
                           submit_index=next(self._submissions))
         try:
             skill_set = self._skill_set_of(spec)
-            task.prompt_ids = self._prompt_ids(skill_set, spec.instruction)
+            task.prompt_ids = self._prompt_ids(skill_set, spec.instruction, spec.scene)
             if spec.max_plan_tokens is not None and not (
                     isinstance(spec.max_plan_tokens, int) and spec.max_plan_tokens >= 1):
                 raise TaskRejected("max_plan_tokens", f"must be an integer >= 1, got "
@@ -487,8 +487,8 @@ class SegmentScheduler(AdmissionStep, OutputStep):
                                             f"{', '.join(sorted(self.skill_sets))}")
         return skill_set
 
-    def _prompt_ids(self, skill_set: SkillSet, instruction: str) -> list[int]:
-        return self.engine.render_chat(skill_set.render_messages(instruction))
+    def _prompt_ids(self, skill_set: SkillSet, instruction: str, scene: str = "") -> list[int]:
+        return self.engine.render_chat(skill_set.render_messages(instruction, scene))
 
     def _emit(self, task: TaskRecord) -> None:
         self.listener.on_status(TaskSnapshot.of(task))

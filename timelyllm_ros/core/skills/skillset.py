@@ -16,6 +16,7 @@ from timelyllm_ros.core.skills.base import SkillLanguage
 _STR_KEYS = ("language", "system_prompt", "user_template")
 _INT_KEYS = ("max_statements", "max_segment_tokens", "max_plan_tokens")
 _PLACEHOLDER = "{instruction}"
+_SCENE = "{scene}"
 
 
 @dataclass(frozen=True)
@@ -28,9 +29,17 @@ class SkillSet:
     max_segment_tokens: int
     max_plan_tokens: int
 
-    def render_messages(self, instruction: str) -> list[dict[str, str]]:
+    def render_messages(self, instruction: str, scene: str = "") -> list[dict[str, str]]:
+        """The chat messages of one task. `scene`, what the robot sees (TypeFly's scene
+        description), goes where the template says `{scene}`, or else on a `Scene:` line
+        before the task; it is in the user message, so the system prompt stays one prefix
+        that every task shares in the prefix cache."""
         # Plain replacement, not str.format: MiniSpec prompts are full of literal braces.
         user = self.user_template.replace(_PLACEHOLDER, instruction)
+        if _SCENE in user:
+            user = user.replace(_SCENE, scene)
+        elif scene:
+            user = f"Scene: {scene}\n{user}"
         return [
             {"role": "system", "content": self.system_prompt},
             {"role": "user", "content": user},
