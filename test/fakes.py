@@ -3,6 +3,8 @@ that runs a `SegmentScheduler` on the simulated engine in virtual time."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import heapq
 import math
 from pathlib import Path
@@ -49,11 +51,13 @@ class Robots:
     """Fake robots: execute segments in order, one robot at a time, and report.
 
     `behaviour(task_id, segment)` returns the execution time in seconds, or None to never
-    report, or ("fail", message) to report failure.
+    report, or ("fail", message) to report failure. `values(task_id, segment)`: what the
+    segment's skills returned, reported with it (default none).
     """
 
-    def __init__(self, behaviour=None):
+    def __init__(self, behaviour=None, values=None):
         self.behaviour = behaviour or (lambda tid, seg: seg.estimated_execution_s)
+        self.values = values or (lambda tid, seg: None)
         self.free_at: dict[str, float] = {}
         self.events: list = []
 
@@ -67,18 +71,24 @@ class Robots:
             start = max(seg.dispatched_s + LATENCY, self.free_at.get(robot, -math.inf))
             if isinstance(action, tuple):
                 heapq.heappush(self.events, (start + 0.01, tid, seg.sequence, start, False,
-                                             action[1]))
+                                             action[1], None))
                 continue
             finish = start + action
             self.free_at[robot] = finish
-            heapq.heappush(self.events, (finish, tid, seg.sequence, start, True, ""))
+            heapq.heappush(self.events, (finish, tid, seg.sequence, start, True, "",
+                                         self.values(tid, seg)))
 
 
-def make(policy="timelyllm", engine=None, exec_model=None, **config):
+# The skill sets without robot reports fed back (`observations`): what the scheduling tests
+# measure; test_observations.py covers the option.
+NO_OBSERVATIONS = {n: dataclasses.replace(s, observations=False) for n, s in SKILL_SETS.items()}
+
+
+def make(policy="timelyllm", engine=None, exec_model=None, skill_sets=None, **config):
     engine = engine or SimulatedEngine()
     listener = Listener()
     cfg = SchedulerConfig(network_latency_s=LATENCY, **config)
-    sch = SegmentScheduler(engine, get_policy(policy), SKILL_SETS,
+    sch = SegmentScheduler(engine, get_policy(policy), skill_sets or NO_OBSERVATIONS,
                            exec_model or ExecutionTimeModel.from_yaml(EXEC_MODEL_PATH),
                            listener, cfg)
     sch.warm_prefix_cache()
@@ -116,9 +126,9 @@ def drive(sch, eng, lis, robots=None, until=None, max_iter=200_000):
             eng.advance_idle(max(timer, eng.now()) + 1e-6)
             continue
         assert events, "scheduler idle with active tasks and nothing to wait for"
-        t, tid, seq, start, ok, msg = heapq.heappop(events)
+        t, tid, seq, start, ok, msg, values = heapq.heappop(events)
         eng.advance_idle(t)
-        sch.on_report(tid, seq, start, t, ok, msg)
+        sch.on_report(tid, seq, start, t, ok, msg, values=values)
     raise AssertionError("did not finish")
 
 

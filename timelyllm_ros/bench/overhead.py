@@ -19,6 +19,7 @@ Overhead = segmented / nonstop - 1.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -194,7 +195,9 @@ def main_overhead(model: str | None, repeats: int = 3, tasks_per_skill_set: int 
     from timelyllm_ros.lrtrace.traces import load_traces
 
     config = default_config_dir()
-    skill_sets = load_skillsets(config / "skillsets")
+    # The paper's Table 4 measures segmentation alone: no waits for robot reports.
+    skill_sets = {n: dataclasses.replace(s, observations=False)
+                  for n, s in load_skillsets(config / "skillsets").items()}
     rows = run_overhead(str(model or DEFAULT_MODEL_DIR), skill_sets, load_traces(),
                         load_tuf_levels(config / "tuf_levels.yaml"),
                         config / "exec_model.yaml", tasks_per_skill_set=tasks_per_skill_set,

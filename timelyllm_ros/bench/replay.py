@@ -36,6 +36,7 @@ it (their resumption design), and every policy's own admission (latency-guided f
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -133,6 +134,10 @@ def _replay_skill_sets(events: Sequence[Event], traces: Mapping[int, Trace], con
         skill_sets = load_skillsets(config.skillsets_dir or default_config_dir() / "skillsets")
         used = {traces[t.trace_id].skill_set for e in events for t in e.tasks}
         skill_sets = {n: s for n, s in skill_sets.items() if n in used} or skill_sets
+        # LRTrace replays timings, not what the robot saw: a robot report carries no values to
+        # feed back, so the skill sets' `observations` would only add the wait for the report.
+        # The planner serves them on; `timelyllm bench` compares scheduling without them.
+        skill_sets = {n: dataclasses.replace(s, observations=False) for n, s in skill_sets.items()}
     instructions: dict[str, set[str]] = {}
     for event in events:
         for t in event.tasks:

@@ -52,6 +52,9 @@ class SegmentRecord:
     started_s: float | None = None
     finished_s: float | None = None
     success: bool | None = None
+    # Variables the segment stores skill results in, and the values the robot reported.
+    binds: tuple[str, ...] = ()
+    values: dict | None = None
 
     @property
     def reported(self) -> bool:
@@ -93,6 +96,27 @@ class TaskRecord:
     queued_since_s: float = NAN
     # Times a running generation was stopped mid-segment for more urgent work (recompute).
     preemptions: int = 0
+    # Robot reports appended to the context (skill-set option `observations`): (position in
+    # generated.token_ids, the report's tokens), in order; and the segment whose report a
+    # suspended generation waits for, out of the queue (None: not waiting).
+    observations: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
+    awaiting_report: int | None = None
+
+    @property
+    def observation_tokens(self) -> int:
+        return sum(len(tokens) for _, tokens in self.observations)
+
+    def context_ids(self) -> list[int]:
+        """The generation's whole context: the prompt, then the generated tokens with the
+        robot reports inserted where they were appended."""
+        ids, at = list(self.prompt_ids), 0
+        generated = self.generated.token_ids
+        for position, tokens in self.observations:
+            ids.extend(generated[at:position])
+            ids.extend(tokens)
+            at = position
+        ids.extend(generated[at:])
+        return ids
 
     @property
     def task_id(self) -> str:
@@ -133,6 +157,7 @@ class TaskSnapshot:
     cached_tokens_last_resume: int
     cached_tokens_total: int
     recomputed_tokens_total: int = 0
+    observation_tokens_total: int = 0
 
     @classmethod
     def of(cls, task: TaskRecord) -> "TaskSnapshot":
@@ -144,6 +169,7 @@ class TaskSnapshot:
             resumes=task.resumes, cached_tokens_last_resume=task.cached_tokens_last_resume,
             cached_tokens_total=task.cached_tokens_total,
             recomputed_tokens_total=task.recomputed_tokens_total,
+            observation_tokens_total=task.observation_tokens,
         )
 
     @property

@@ -18,6 +18,7 @@ once a second.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -155,10 +156,18 @@ class PlannerNode(LifecycleNode):
 
     def _post_report(self, task_id: str, sequence: int, started: float | None,
                      finished: float | None, success: bool, message: str,
-                     returned: bool = False) -> None:
+                     returned: bool = False, values: str = "") -> None:
         loop = self.loop
         if loop is None:
             return
+        try:
+            observed = json.loads(values) if values else None
+        except ValueError:
+            self.get_logger().warning(f"{task_id}#{sequence}: the robot's values are not JSON; "
+                                      f"ignored: {values[:80]!r}")
+            observed = None
+        if not isinstance(observed, dict):
+            observed = None
 
         def apply(scheduler):
             now = scheduler.engine.now()
@@ -167,7 +176,7 @@ class PlannerNode(LifecycleNode):
             finish = self._bridge.to_engine(finished, offset) if finished else max(now, start)
             try:
                 scheduler.on_report(task_id, sequence, start, finish, success, message,
-                                    returned=returned)
+                                    returned=returned, values=observed)
             except (KeyError, ValueError) as err:
                 self.get_logger().error(f"ignored result for {task_id}#{sequence}: "
                                         f"{err.args[0] if err.args else err}")

@@ -153,8 +153,9 @@ class PlannerSettings:
             report_timeout_factor=p["report_timeout_factor"],
             report_timeout_min_s=p["report_timeout_min_s"],
             batch_cap=p["max_running_generations"] or None,
-            # A planner runs for days: keep recent finished tasks (duplicate-id checks), not all.
-            max_finished_tasks=10_000)
+            # A planner runs for days: keep recent finished tasks (status and duplicate-id
+            # answers), not all; memory stays flat once this many have finished.
+            max_finished_tasks=1_000)
         profile = None
         if p["engine.profile"]:
             from timelyllm_ros.core.engine.cost_model import EngineProfile

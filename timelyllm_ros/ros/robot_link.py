@@ -34,8 +34,9 @@ SERVER_WAIT_S = 10.0
 ENDED_KEPT = 10_000
 
 # report(task_id, sequence, started_ros_s | None, finished_ros_s | None, success, message,
-#        returned): `returned` when the robot says the segment ended the plan (MiniSpec `->`).
-Report = Callable[[str, int, "float | None", "float | None", bool, str, bool], None]
+#        returned, values): `returned` when the robot says the segment ended the plan (MiniSpec
+#        `->`); `values` the JSON of what its skills returned (ExecuteSegment.Result.values).
+Report = Callable[[str, int, "float | None", "float | None", bool, str, bool, str], None]
 
 
 class RobotLink:
@@ -52,7 +53,8 @@ class RobotLink:
         self._ended: OrderedDict[str, float] = OrderedDict()   # task -> when it ended
         self._misses: dict[str, int] = {}
         # (task, sequence) -> monotonic time the planner asked the robot to cancel (latency).
-        self.cancel_requested_at: dict[tuple[str, int], float] = {}
+        # (Recent ones only: a planner runs for days.)
+        self.cancel_requested_at: OrderedDict[tuple[str, int], float] = OrderedDict()
         self._timer = node.create_timer(CHECK_PERIOD_S, self._check_servers, callback_group=group)
 
     def client(self, robot_id: str) -> ActionClient:
@@ -126,7 +128,7 @@ class RobotLink:
             if goal.task_id in self._goals:
                 self._goals[goal.task_id][goal.sequence] = handle
         if ended:
-            self.cancel_requested_at[key] = time.monotonic()
+            self._note_cancel(key)
             handle.cancel_goal_async()
         handle.get_result_async().add_done_callback(
             lambda future: self._on_result(goal, future.result()))
@@ -142,14 +144,19 @@ class RobotLink:
         finished = time_to_s(result.finished) or None
         self._report(*key, started, finished, bool(result.success) and
                      response.status == GoalStatus.STATUS_SUCCEEDED, result.message,
-                     bool(result.plan_returned))
+                     bool(result.plan_returned), result.values)
 
     def _cancel_task(self, task_id: str) -> None:
         with self._lock:
             handles = [(seq, h) for seq, h in self._goals.get(task_id, {}).items() if h is not None]
         for seq, handle in handles:
-            self.cancel_requested_at[(task_id, seq)] = time.monotonic()
+            self._note_cancel((task_id, seq))
             handle.cancel_goal_async()
+
+    def _note_cancel(self, key: tuple[str, int]) -> None:
+        self.cancel_requested_at[key] = time.monotonic()
+        while len(self.cancel_requested_at) > ENDED_KEPT:
+            self.cancel_requested_at.popitem(last=False)
 
     def _drop(self, task_id: str, sequence: int) -> bool:
         with self._lock:

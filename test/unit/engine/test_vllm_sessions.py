@@ -290,3 +290,44 @@ def test_overhead_bench_measures_all_three_modes(engine):
     assert row.recomputed_per_resume["segmented-discard"] > 1.0
     table = format_overhead(rows)
     assert "| drone | 1 |" in table and "%" in table
+
+
+class _StartsWithACheck:
+    """The drone skill set, its grammar forcing the plan to open with `_1=iv,cup;` and one
+    more statement: a plan whose first segment stores a result, whatever the model prefers."""
+
+    def __init__(self, skill_set):
+        self._inner = skill_set
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def output_regex(self):
+        return r"_1=iv,cup;(mf,(10|20|50);|ld;|tc,90;)"
+
+
+@pytest.mark.vllm
+def test_an_observation_is_in_the_context_the_session_resumes_with(engine):
+    drone = _StartsWithACheck(SKILL_SETS["drone"])
+    assert drone.observations
+    sch = SegmentScheduler(engine, PreservePolicy(), {"drone": drone},
+                           ExecutionTimeModel.from_yaml(EXEC_MODEL_PATH), Listener(),
+                           SchedulerConfig(network_latency_s=0.0, report_timeout_min_s=3600.0))
+    sch.submit(_task(engine, "see-1"))
+    drive(sch, engine, sch.listener,
+          robots=Robots(lambda tid, seg: 0.05,
+                        values=lambda tid, seg: {"_1": False} if seg.sequence == 0 else None))
+    task = sch.tasks["see-1"]
+    assert task.state == "done", task.lifecycle.reason
+    assert task.segments[0].text == "_1=iv,cup;" and task.resumes >= 1
+    (position, tokens), = task.observations
+    # The report follows the generated `_1=iv,cup;` in the context the session resumed with.
+    assert engine.decode(list(tokens)) == "\n# ok _1=False\n"
+    assert "_1=iv,cup;\n# ok _1=False\n" in engine.decode(task.context_ids())
+    resumed = engine.request_stats("see-1#1")
+    assert resumed.path == "session", resumed
+    # vLLM's own accounting: the observation's tokens were new to the context and computed,
+    # and of the previous context only the token vLLM drops.
+    assert resumed.appended_tokens == len(tokens) and resumed.recomputed_tokens <= 1, resumed
+    assert resumed.prompt_tokens == len(task.prompt_ids) + position + len(tokens)
+    assert engine.pinned_blocks() == 0 and not engine.has_unfinished_requests()

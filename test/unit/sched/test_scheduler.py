@@ -436,6 +436,9 @@ def test_max_finished_tasks_bounds_memory():
     drive(sch, eng, lis)
     assert len(sch.tasks) == 2
     assert all(t.state == "done" for t in sch.tasks.values())
+    # The kept ones keep their plan, not their token lists.
+    for t in sch.tasks.values():
+        assert t.generated.text and not t.prompt_ids and not t.generated.token_ids
 
 
 def test_fetch_overhead_history_is_bounded():

@@ -304,7 +304,7 @@ class AdmissionStep:
             skill_set.output_regex(), task.generated.text + task.owed_text)
         request = EngineRequest(
             request_id=request_id,
-            prompt_token_ids=[*task.prompt_ids, *generated_ids],
+            prompt_token_ids=task.context_ids(),   # prompt, generated, robot reports
             max_tokens=max(1, plan_budget(task.spec, skill_set) - len(generated_ids)),
             output_regex=resume_regex(task.owed_text, program, may_end=may_end),
             scripted_text=scripted,

@@ -62,7 +62,7 @@ class OutputStep:
             task.cached_tokens_last_resume = int(output.num_cached_tokens)
             task.cached_tokens_total += int(output.num_cached_tokens)
             log.info("task %s resumed with %d cached prompt tokens of %d", task.task_id,
-                     output.num_cached_tokens, len(task.prompt_ids) + len(task.generated.token_ids))
+                     output.num_cached_tokens, context_of(task))
         task.generated.append(output.new_token_ids, output.new_text)
         task.tokens_this_run += len(output.new_token_ids)
         skill_set = self._skill_set_of(task.spec)
@@ -87,20 +87,28 @@ class OutputStep:
         plan_full = (gen.statements_done >= skill_set.max_statements
                      or len(gen.token_ids) >= plan_budget(task.spec, skill_set))
         plan_done = output.finished or plan_full
+        binds: tuple[str, ...] = ()
         if found:
             text = gen.text[found[0][0]:found[-1][1]]
             try:
-                calls = language.parse(text).calls
+                parsed = language.parse(text)
             except SkillSyntaxError as err:
                 self._finish(task, "fail", f"generated text is not executable: {err}", now)
                 return
-            self._on_segment_text(task, text, calls, plan_done, now)
+            binds = parsed.binds
+            self._on_segment_text(task, text, parsed.calls, plan_done, now)
         if task.lifecycle.is_terminal:
             return
         if plan_done:
             self._end_generation(task, output.finished, now)
-        elif found and self.policy.dispatch == "segment" and self._suspension_pays(task, now):
-            self._suspend(task, now)
+        elif found and self.policy.dispatch == "segment":
+            if binds and skill_set.observations:
+                # What the robot observes decides what comes next (core/sched/observations.py).
+                task.segments[-1].binds = binds
+                task.awaiting_report = task.segments[-1].sequence
+                self._suspend(task, now)
+            elif self._suspension_pays(task, now):
+                self._suspend(task, now)
 
     def _suspension_pays(self, task: TaskRecord, now: float) -> bool:
         """Whether to suspend `task` at the boundary it just reached (`Policy.suspend_when`).
@@ -182,7 +190,9 @@ class OutputStep:
         task.owed_text = task.generated.cut_for_resume()
         task.lifecycle.suspend(now)
         task.queued_since_s = now
-        self._requeue(task, now, computed=context)
+        if task.awaiting_report is None:
+            self._requeue(task, now, computed=context)
+        # else queued by on_report, with the robot's report appended (observations.py)
         self._emit(task)
 
     def _preempt(self, task: TaskRecord, now: float) -> None:

@@ -33,7 +33,7 @@ import math
 import numbers
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable, Mapping
 
 from timelyllm_ros.core.engine.base import PAUSE_HANDLINGS, EngineAdapter, EngineRequest
 from timelyllm_ros.core.exec_model import ExecutionTimeModel
@@ -45,6 +45,7 @@ from timelyllm_ros.core.sched.admission_step import AdmissionStep
 from timelyllm_ros.core.sched.interface import (AdmissionController, CandidateAdmission, Policy,
                                                 SchedulerContext, SchedulerListener, StepInfo,
                                                 TaskRejected)
+from timelyllm_ros.core.sched.observations import observation_text
 from timelyllm_ros.core.sched.outputs import OutputStep
 from timelyllm_ros.core.sched.queue_view import QueueArrays, initial_row
 from timelyllm_ros.core.sched.report_deadlines import ReportDeadlines
@@ -226,8 +227,13 @@ class SegmentScheduler(AdmissionStep, OutputStep):
         return task
 
     def on_report(self, task_id: str, sequence: int, started_s: float, finished_s: float,
-                  success: bool, message: str = "", returned: bool = False) -> None:
+                  success: bool, message: str = "", returned: bool = False,
+                  values: Mapping[str, Any] | None = None) -> None:
         """A robot's execution report, with times already in the scheduler's clock.
+
+        `values`: what the segment's skills returned, by variable (`{"_1": False}`); with the
+        skill set's `observations` they go into the context of the generation that waits for
+        this report before it resumes (core/sched/observations.py).
 
         `returned`: the segment ended the plan with a return (MiniSpec `->`): nothing after it
         will run, so the generation stops (engine request aborted, KV and queue entry freed)
@@ -267,6 +273,10 @@ class SegmentScheduler(AdmissionStep, OutputStep):
             self._finish(task, "end_early", f"returned: the plan ended at segment {sequence}"
                                             + (f" ({message})" if message else ""), now)
             return
+        if values:
+            segment.values = dict(values)
+        if task.awaiting_report == segment.sequence:
+            self._resume_with_report(task, segment, now)
         # Everything still queued on this robot (any task) now starts from the reported finish.
         moved = self._robots.reschedule(task.spec.robot_id, finished_s,
                                         self.config.network_latency_s)
@@ -278,6 +288,16 @@ class SegmentScheduler(AdmissionStep, OutputStep):
             self._queue.update(task.queue_slot, reference_s=task.robot_free_at(now))
         self._maybe_complete(task, now)
         self._emit(task)
+
+    def _resume_with_report(self, task: TaskRecord, segment, now: float) -> None:
+        """The report a suspended generation waited for: append it, then queue the generation."""
+        task.awaiting_report = None
+        computed = context_of(task)
+        if segment.values:
+            text = observation_text(segment.values)
+            task.observations.append((len(task.generated.token_ids),
+                                      tuple(self.engine.tokenize(text))))
+        self._requeue(task, now, computed=computed)
 
     def update_tuf(self, task_id: str, tuf: TUF, urgency: str) -> TaskSpec:
         """Give a live task a new TUF (and urgency label); the next priority computation uses
@@ -432,6 +452,10 @@ class SegmentScheduler(AdmissionStep, OutputStep):
         limit = self.config.max_finished_tasks
         if limit is None:
             return
+        # A long-running planner keeps recent finished tasks for status and duplicate-id
+        # answers, not their token lists (a drone task's prompt alone is ~430 ids).
+        task.prompt_ids = []
+        task.generated.token_ids, task.generated.token_ends = [], []
         self._finished_order.append(task.task_id)
         while len(self._finished_order) > limit:
             old = self._finished_order.popleft()

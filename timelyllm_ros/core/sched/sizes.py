@@ -10,7 +10,7 @@ from timelyllm_ros.core.task import SegmentRecord, TaskRecord, TaskSpec
 
 
 def context_of(task: TaskRecord) -> int:
-    return len(task.prompt_ids) + len(task.generated.token_ids)
+    return len(task.prompt_ids) + len(task.generated.token_ids) + task.observation_tokens
 
 
 def plan_budget(spec: TaskSpec, skill_set: SkillSet) -> int:

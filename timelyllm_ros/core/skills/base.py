@@ -40,6 +40,9 @@ class ParsedSegment:
     # The language's syntax tree of the segment, for languages that have one (MiniSpec:
     # a minispec_ast.Program); robots interpret it, flat `calls` lose control flow.
     program: Any = field(default=None, compare=False)
+    # Variables the segment stores skill results in (MiniSpec `_1=iv,cup;`): the robot reports
+    # their values, which a skill set with `observations` feeds back into the plan.
+    binds: tuple[str, ...] = ()
 
 
 class SkillLanguage(Protocol):

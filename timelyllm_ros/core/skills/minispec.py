@@ -31,7 +31,8 @@ from timelyllm_ros.core.skills.base import (
     scan_top_level,
 )
 from timelyllm_ros.core.skills.flow import weighted_calls
-from timelyllm_ros.core.skills.minispec_ast import STRING_DELIMITERS, Program, arg_text
+from timelyllm_ros.core.skills.minispec_ast import (STRING_DELIMITERS, Program, arg_text,
+                                                  assigned_vars)
 from timelyllm_ros.core.skills.minispec_parser import parse_program
 from timelyllm_ros.core.skills.minispec_regex import minispec_regex
 from timelyllm_ros.core.skills.minispec_skills import SKILLS, SkillSpec, check_call, check_skills
@@ -89,7 +90,7 @@ class MiniSpecLanguage(BracketedLanguage):
             source = segment_text[call.pos:call.end] if call.end > call.pos else ""
             calls.append(SkillCall(spec.name, tuple(arg_text(a) for a in call.args), source,
                                    weight=weight))
-        return ParsedSegment(segment_text, tuple(calls), program)
+        return ParsedSegment(segment_text, tuple(calls), program, binds=assigned_vars(program))
 
     def output_regex(self, max_statements: int) -> str | None:
         return minispec_regex(max_statements)

@@ -185,6 +185,20 @@ def head_text(stmt: Statement) -> str:
     return statement_text(stmt)
 
 
+def assigned_vars(program: Program) -> tuple[str, ...]:
+    """Variables the program assigns (`_1=iv,cup;`), inside blocks too, in first-seen order."""
+    seen: list[str] = []
+    for stmt in program:
+        if isinstance(stmt, Assign):
+            names = [stmt.var.name]
+        elif isinstance(stmt, (Loop, If)):
+            names = list(assigned_vars(stmt.body))
+        else:
+            names = []
+        seen.extend(n for n in names if n not in seen)
+    return tuple(seen)
+
+
 def walk_calls(program: Program):
     """Every Call in textual order, inside blocks, conditions and assignments too."""
     for stmt in program:

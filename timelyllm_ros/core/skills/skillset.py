@@ -28,6 +28,10 @@ class SkillSet:
     max_statements: int
     max_segment_tokens: int
     max_plan_tokens: int
+    # Robot results flow into the resumed plan (core/sched/observations.py): a generation
+    # stops after a segment that stores skill results, waits for the robot's report and
+    # resumes with it appended ("# ok _1=False"). Optional YAML key, default off.
+    observations: bool = False
 
     def render_messages(self, instruction: str, scene: str = "") -> list[dict[str, str]]:
         """The chat messages of one task. `scene`, what the robot sees (TypeFly's scene
@@ -54,7 +58,7 @@ def load_skillset(path: str | Path) -> SkillSet:
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping of keys, got {type(data).__name__}")
-    expected = set(_STR_KEYS) | set(_INT_KEYS)
+    expected = set(_STR_KEYS) | set(_INT_KEYS) | {"observations"}
     unknown = sorted(str(key) for key in set(data) - expected)
     if unknown:
         raise ValueError(f"{path}: unknown key {unknown[0]!r}")
@@ -69,6 +73,9 @@ def load_skillset(path: str | Path) -> SkillSet:
         # bool is an int subclass; `max_statements: yes` is a typo, not 1.
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{path}: key {key!r} must be a positive integer, got {value!r}")
+    observations = data.get("observations", False)
+    if not isinstance(observations, bool):
+        raise ValueError(f"{path}: key 'observations' must be true or false, got {observations!r}")
     if _PLACEHOLDER not in data["user_template"]:
         raise ValueError(f"{path}: key 'user_template' lacks the {_PLACEHOLDER} placeholder")
     try:
@@ -83,6 +90,7 @@ def load_skillset(path: str | Path) -> SkillSet:
         max_statements=data["max_statements"],
         max_segment_tokens=data["max_segment_tokens"],
         max_plan_tokens=data["max_plan_tokens"],
+        observations=observations,
     )
 
 
