@@ -22,7 +22,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import rclpy
 from rclpy.node import Node
 
 from timelyllm_ros.core.exec_model import ExecutionTimeModel
@@ -33,7 +32,7 @@ from timelyllm_ros.robots.tello.sdk import DEFAULT_PORT as DEFAULT_TELLO_PORT
 from timelyllm_ros.robots.tello.sdk import DEFAULT_STATE_PORT as DEFAULT_TELLO_STATE_PORT
 from timelyllm_ros.ros import diagnostics, share
 from timelyllm_ros.ros.robot_server import RobotServer
-from timelyllm_ros.ros.runtime import spin_until_shutdown
+from timelyllm_ros.ros.runtime import run_node
 
 
 class ExecutorNode(Node):
@@ -87,17 +86,7 @@ class ExecutorNode(Node):
 
 
 def main(argv: list[str] | None = None) -> int:
-    share.use_installed_config()
-    rclpy.init(args=argv if argv is not None else sys.argv)
-    try:
-        node = ExecutorNode()
-    except ValueError as err:
-        print(f"executor: {err}", file=sys.stderr)
-        rclpy.try_shutdown()
-        return 2
-    spin_until_shutdown(node, cleanup=node.shutdown, threads=2)
-    return 0
-
+    return run_node(ExecutorNode, "executor", argv, threads=2)
 
 if __name__ == "__main__":
     sys.exit(main())

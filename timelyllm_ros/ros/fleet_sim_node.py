@@ -26,7 +26,6 @@ import sys
 import time
 from pathlib import Path
 
-import rclpy
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.node import Node
 
@@ -35,7 +34,7 @@ from timelyllm_ros.robots.backend import StopSignal
 from timelyllm_ros.robots.factory import make_backend
 from timelyllm_ros.ros import diagnostics, share
 from timelyllm_ros.ros.robot_server import RobotServer
-from timelyllm_ros.ros.runtime import spin_until_shutdown
+from timelyllm_ros.ros.runtime import run_node
 
 ROBOT_KINDS = ("drone", "arm")
 MAX_ROBOTS = 2000
@@ -136,17 +135,7 @@ class FleetSimNode(Node):
 
 
 def main(argv: list[str] | None = None) -> int:
-    share.use_installed_config()
-    rclpy.init(args=argv if argv is not None else sys.argv)
-    try:
-        node = FleetSimNode()
-    except ValueError as err:
-        print(f"fleet_sim: {err}", file=sys.stderr)
-        rclpy.try_shutdown()
-        return 2
-    spin_until_shutdown(node, cleanup=node.shutdown, threads=4)
-    return 0
-
+    return run_node(FleetSimNode, "fleet_sim", argv, threads=4)
 
 if __name__ == "__main__":
     sys.exit(main())

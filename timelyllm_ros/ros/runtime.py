@@ -70,3 +70,21 @@ def spin_until_shutdown(node: Node, cleanup: Callable[[], None] = lambda: None,
             executor.shutdown(timeout_sec=0.2)
             node.destroy_node()
             rclpy.try_shutdown()
+
+
+def run_node(make_node: Callable[[], Node], label: str, argv: list[str] | None,
+             threads: int = 1) -> int:
+    """A node's `main`: init rclpy, build the node (a ValueError is a bad parameter: printed,
+    exit status 2), spin it until SIGINT/SIGTERM, then its `shutdown()`."""
+    from timelyllm_ros.ros import share
+
+    share.use_installed_config()
+    rclpy.init(args=argv if argv is not None else sys.argv)
+    try:
+        node = make_node()
+    except ValueError as err:
+        print(f"{label}: {err}", file=sys.stderr)
+        rclpy.try_shutdown()
+        return 2
+    spin_until_shutdown(node, cleanup=node.shutdown, threads=threads)
+    return 0
