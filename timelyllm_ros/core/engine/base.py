@@ -6,6 +6,8 @@ real vLLM engine (wall-clock time) and on the calibrated simulated engine (virtu
 
 from __future__ import annotations
 
+import time
+
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
@@ -225,3 +227,19 @@ class PauselessEngine:
 
     def tokenize(self, text: str) -> list[int]:
         raise NotImplementedError
+
+
+class WallClockIdle:
+    """`advance_idle` and `last_step_timing` for an engine that runs in real time (vLLM
+    embedded or behind servers): idle time passes by sleeping, in slices of at most 50 ms so
+    that new work is picked up soon. Expects `now()` and `_last_timing`."""
+
+    IDLE_SLICE_S = 0.05
+
+    def last_step_timing(self) -> StepTiming:
+        return self._last_timing
+
+    def advance_idle(self, until: float) -> None:
+        delay = until - self.now()
+        if delay > 0:
+            time.sleep(min(delay, self.IDLE_SLICE_S))

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Sequence
 
 from timelyllm_ros.core.engine.base import (EngineCapabilities, EngineOutput, EngineRequest,
-                                            KvUsage, PauselessEngine, StepTiming,
+                                            KvUsage, PauselessEngine, StepTiming, WallClockIdle,
                                             engine_priority)
 from timelyllm_ros.core.engine.cost_model import EngineProfile
 
@@ -124,7 +124,7 @@ def parse_metrics(text: str) -> dict[str, Any]:
     return out
 
 
-class OpenAIEngine(PauselessEngine):
+class OpenAIEngine(WallClockIdle, PauselessEngine):
     """EngineAdapter over one vLLM OpenAI-compatible server (module docstring)."""
 
     name = "openai"
@@ -407,14 +407,6 @@ class OpenAIEngine(PauselessEngine):
 
     def num_running(self) -> int:
         return len(self._streams)
-
-    def last_step_timing(self) -> StepTiming:
-        return self._last_timing
-
-    def advance_idle(self, until: float) -> None:
-        delay = until - self.now()
-        if delay > 0:
-            time.sleep(min(delay, 0.05))
 
     def shutdown(self) -> None:
         for rid in list(self._streams):

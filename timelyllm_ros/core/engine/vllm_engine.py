@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 from timelyllm_ros.core.engine.base import (DISCARD, ENGINE_SCHEDULING, PRESERVE,
                                             EngineCapabilities, EngineOutput, EngineRequest,
-                                            KvUsage, PauselessEngine, StepTiming,
+                                            KvUsage, PauselessEngine, StepTiming, WallClockIdle,
                                             engine_priority)
 from timelyllm_ros.core.engine.cost_model import EngineProfile
 from timelyllm_ros.core.engine.eviction import EvictionStats, ParkedGeneration
@@ -90,7 +90,7 @@ class VllmEngineConfig:
 
 
 
-class VllmEngine(VllmOutputs, PauselessEngine):
+class VllmEngine(VllmOutputs, WallClockIdle, PauselessEngine):
     """EngineAdapter over vLLM's LLMEngine (in-process engine core, so KV usage is observable
     and sessions can be driven; see vllm_internals.py)."""
 
@@ -376,14 +376,6 @@ class VllmEngine(VllmOutputs, PauselessEngine):
         # parked sessions do not (`pinned_blocks`).
         return KvUsage(free_blocks=self._core.free_blocks(), total_blocks=self._core.total_blocks(),
                        block_size=self._block_size)
-
-    def last_step_timing(self) -> StepTiming:
-        return self._last_timing
-
-    def advance_idle(self, until: float) -> None:
-        delay = until - self.now()
-        if delay > 0:
-            time.sleep(min(delay, 0.05))
 
     def shutdown(self) -> None:
         for request_id in list(self._runs):
