@@ -70,6 +70,8 @@ class BenchConfig:
     # context are whatever --model is); see `effective_prompt_tokens`.
     prompt_tokens: int | None = DEFAULT_PROMPT_TOKENS
     resume_lead_s: float | None = DEFAULT_RESUME_LEAD_S
+    # The scheduler's eviction of parked generations for urgent admissions (core/sched/parked.py).
+    evict_parked: bool = True
     # Override of TimelyLLM's g (applied to every policy derived from TimelyPolicy).
     gen_time_s: float | None = DEFAULT_GEN_TIME_S
     # Extra constructor parameters per policy name, e.g. {"timelyllm-exp_decay": {...}}.
@@ -139,6 +141,8 @@ class BenchConfig:
             "resume_lead_s": self.resume_lead_s, "gen_time_s": self.gen_time_s,
             "robots": self.robots, "report_timeout_min_s": self.report_timeout_min_s,
         }
+        if not self.evict_parked:  # (named only when off: the golden records predate it)
+            out["evict_parked"] = False
         if self.engine == "sim":
             profile = self.load_profile()
             out["profile"] = profile.name

@@ -73,11 +73,12 @@ def compute_metrics(tasks: Sequence[Any], fetch_overhead_s: Sequence[float] = ()
 
 def results_json(runs: Mapping[str, Any], workload: Mapping[str, Any]) -> dict[str, Any]:
     """The bench's JSON document for RunResults keyed by policy name."""
-    return {
-        "policies": {name: compute_metrics(run.tasks, run.fetch_overhead_s)
-                     for name, run in runs.items()},
-        "workload": dict(workload),
-    }
+    policies = {}
+    for name, run in runs.items():
+        policies[name] = compute_metrics(run.tasks, run.fetch_overhead_s)
+        if getattr(run, "pauses", None):
+            policies[name]["pauses"] = dict(run.pauses)
+    return {"policies": policies, "workload": dict(workload)}
 
 
 def json_safe(value: Any) -> Any:
@@ -116,6 +117,9 @@ def format_cell(value: Any, how: str, ms_digits: int = 1) -> str:
     return how.format(value)
 
 
+_NOTE_ROWS = ("sched overhead", "KV pauses")
+
+
 def format_table(doc: Mapping[str, Any]) -> str:
     """Plain-text columns: one row per (policy, type), overall first, then the overhead. With an
     upper bound in the document (`doc["bound"]`, bench/bound.py) it is the last row, and each
@@ -135,21 +139,33 @@ def format_table(doc: Mapping[str, Any]) -> str:
             rows.append(["", tname, *cells(bucket), *([""] if extra else [])])
         rows.append(["", "sched overhead", f"{m['scheduling_overhead_ms']:.3f} ms/fetch",
                      "", "", "", "", *([""] if extra else [])])
+        if m.get("pauses"):
+            rows.append(["", "KV pauses", format_pauses(m["pauses"]),
+                         "", "", "", "", *([""] if extra else [])])
     if bound is not None:
         rows.append(["bound", "overall", *cells(bound["overall"]), "1.000"])
         for tname, bucket in bound["by_type"].items():
             rows.append(["", tname, *cells(bucket), ""])
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    # (The two note rows print their text across the columns: they do not set the widths.)
+    table = [header, *(r for r in rows if r[1] not in _NOTE_ROWS)]
+    widths = [max(len(str(r[i])) for r in table) for i in range(len(header))]
     lines = []
     for j, r in enumerate([header, *rows]):
         cells_ = [str(c).ljust(widths[i]) if i < 2 else str(c).rjust(widths[i])
                   for i, c in enumerate(r)]
-        if r[1] == "sched overhead":
+        if r[1] in _NOTE_ROWS:
             cells_ = [str(r[0]).ljust(widths[0]), str(r[1]).ljust(widths[1]), r[2]]
         lines.append("  ".join(cells_).rstrip())
         if j == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def format_pauses(p: Mapping[str, int]) -> str:
+    """'preserve 120, discard 30; 4 evicted at admission, 212 tokens recomputed'."""
+    held = ", ".join(f"{h} {p[h]}" for h in ("preserve", "discard", "swap") if p.get(h))
+    return (f"{held or 'no suspensions'}; {p.get('evictions', 0)} evicted at admission, "
+            f"{p.get('recomputed_tokens', 0)} tokens recomputed")
 
 
 def format_ratios(doc: Mapping[str, Any], baseline: str = "vllm",

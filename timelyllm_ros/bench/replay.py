@@ -47,7 +47,7 @@ from timelyllm_ros.bench.policies import make_policy
 from timelyllm_ros.bench.prompts import pad_skill_sets
 from timelyllm_ros.bench.results import NAN, RunResult, SegmentResult, TaskResult, task_type
 from timelyllm_ros.bench.simulated_robots import SimulatedRobots
-from timelyllm_ros.core.engine.base import EngineAdapter
+from timelyllm_ros.core.engine.base import PRESERVE, EngineAdapter
 from timelyllm_ros.core.exec_model import ExecutionTimeModel
 from timelyllm_ros.core.sched.interface import SegmentDispatch, TaskRejected
 from timelyllm_ros.core.sched.scheduler import SchedulerConfig, SegmentScheduler
@@ -218,7 +218,7 @@ def run_policy(events: Sequence[Event], policy_name: str, workload: Workload,
     scheduler = SegmentScheduler(
         engine, policy, dict(skill_sets), exec_model, listener,
         SchedulerConfig(network_latency_s=latency, batch_cap=config.cap_for(policy),
-                        resume_lead_s=config.resume_lead_s,
+                        resume_lead_s=config.resume_lead_s, evict_parked=config.evict_parked,
                         report_timeout_min_s=config.report_timeout_min_s))
     scheduler.warm_prefix_cache()
 
@@ -289,12 +289,24 @@ def run_policy(events: Sequence[Event], policy_name: str, workload: Workload,
     return RunResult(policy=policy_name, tasks=tasks,
                      fetch_overhead_s=list(scheduler.fetch_overhead_s), steps=scheduler.steps,
                      clock_s=clock_s, wall_s=time.perf_counter() - wall_start,
+                     pauses=pause_summary(scheduler),
                      config={**config.describe(), "seed": seed, "network_latency_s": latency,
                              "policy_batch_cap": config.cap_for(policy),
                              "engine_prefix_cache": prefix_cache,
                              "prompt_tokens_min": min(
                                  (len(t.prompt_ids) for t in scheduler.tasks.values()
                                   if t.prompt_ids), default=0)})
+
+
+def pause_summary(scheduler: SegmentScheduler) -> dict[str, int]:
+    """How a run's suspensions held their KV, and what the scheduler's evictions of parked
+    generations cost ({} for a run that never preserved: nothing to evict)."""
+    counts = dict(scheduler.pause_counts)
+    if not counts.get(PRESERVE) and not scheduler.evictions.evictions:
+        return {}
+    ev = scheduler.evictions
+    return {**counts, "evictions": ev.evictions, "evicted_tokens": ev.evicted_tokens,
+            "recomputed_tokens": ev.recomputed_tokens}
 
 
 def _task_id(spec) -> str:

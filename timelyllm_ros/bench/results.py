@@ -87,6 +87,9 @@ class RunResult:
     clock_s: float  # replay duration on the engine's clock
     wall_s: float
     config: dict[str, Any] = field(default_factory=dict)
+    # Suspensions by pause handling and the scheduler's evictions of parked generations
+    # (`pause_summary`); empty where the run has none to report.
+    pauses: dict[str, int] = field(default_factory=dict)
 
     @property
     def scheduling_overhead_ms(self) -> float:

@@ -163,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume-lead-s", type=_optional_number(float), default=DEFAULT_RESUME_LEAD_S,
                    help="resume a suspended generation no earlier than this long before its "
                         "robot is expected to finish ('none' = as soon as admitted; default)")
+    p.add_argument("--no-evict", action="store_true",
+                   help="the scheduler never evicts parked (preserved) generations for an urgent "
+                        "admission (default: it does; core/sched/parked.py)")
     p.add_argument("--gen-time-s", type=_optional_number(float), default=DEFAULT_GEN_TIME_S,
                    help="TimelyLLM's per-segment generation time g (default: the policy's, 0.09)")
     p.add_argument("--robots", choices=ROBOT_MODES, default="queue",
@@ -285,7 +288,7 @@ def _bench_config(args: argparse.Namespace, profile, prompt_tokens: int | None,
                              baseline_prefix_cache=args.baseline_prefix_cache,
                              prompt_tokens=prompt_tokens, resume_lead_s=args.resume_lead_s,
                              gen_time_s=args.gen_time_s,
-                             robots=args.robots)
+                             robots=args.robots, evict_parked=not args.no_evict)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if scenario is not None:

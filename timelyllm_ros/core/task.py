@@ -76,6 +76,7 @@ class TaskRecord:
     # Characters a resumed generation must produce first (see GeneratedText.cut_for_resume).
     owed_text: str = ""
     tokens_this_run: int = 0
+    # When the current run was admitted; NaN once its first segment has been timed.
     run_started_s: float = NAN
     resumes: int = 0
     cached_tokens_last_resume: int = 0

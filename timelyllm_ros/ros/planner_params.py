@@ -46,6 +46,9 @@ PARAMETERS: dict[str, tuple[Any, int, str, bool, tuple | None]] = {
                               "completion + max(factor x estimate, report_timeout_min_s) is dead "
                               "for that task", False, (0.1, 1000.0)),
     "report_timeout_min_s": (5.0, _F, "see report_timeout_factor", False, (0.0, 86400.0)),
+    "evict_parked": (True, _B, "evict parked (preserved) generations to the prefix cache when "
+                     "their KV or slots keep out an urgent task that can still make its "
+                     "deadline (core/sched/parked.py)", True, None),
     "warm_prefix_cache": (True, _B, "prefill each skill set's fixed prompt at configure", True, None),
     "max_running_generations": (0, _I, "cap on generations running at once; 0 = the policy's "
                                 "own admission", True, (0, 4096)),
@@ -153,6 +156,7 @@ class PlannerSettings:
             report_timeout_factor=p["report_timeout_factor"],
             report_timeout_min_s=p["report_timeout_min_s"],
             batch_cap=p["max_running_generations"] or None,
+            evict_parked=bool(p["evict_parked"]),
             # A planner runs for days: keep recent finished tasks (status and duplicate-id
             # answers), not all; memory stays flat once this many have finished.
             max_finished_tasks=1_000)

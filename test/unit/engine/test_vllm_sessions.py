@@ -21,6 +21,7 @@ from timelyllm_ros.core.exec_model import ExecutionTimeModel
 from timelyllm_ros.core.policies.builtin import TimelyPolicy
 from timelyllm_ros.core.sched.scheduler import SchedulerConfig, SegmentScheduler
 from timelyllm_ros.core.task import TaskSpec
+from timelyllm_ros.core.tuf import TUF
 
 
 # ---------------------------------------------------------------- book-keeping, no vLLM
@@ -189,6 +190,40 @@ def test_parked_sessions_are_evicted_when_kv_and_slots_run_out(engine):
     assert engine.eviction_stats.evictions > before
     paths = [s.path for tid in ids for s in _resume_stats(engine, sch, tid)]
     assert "resubmit" in paths and "session" in paths, paths
+
+
+@pytest.mark.vllm
+def test_the_scheduler_evicts_parked_sessions_for_urgent_tasks(engine):
+    # Four slots; plans park with their sessions (each holds a slot in vLLM). Two urgent
+    # robots arrive later, with deadlines a loaded CPU can meet: the scheduler evicts parked
+    # normal plans for them (LAMPS' order), and each evicted plan resumes through the prefix
+    # cache.
+    sch = SegmentScheduler(engine, PreservePolicy(), SKILL_SETS,
+                           ExecutionTimeModel.from_yaml(EXEC_MODEL_PATH), Listener(),
+                           # parked until shortly before the robot is back
+                           SchedulerConfig(network_latency_s=0.0, report_timeout_min_s=3600.0,
+                                           resume_lead_s=0.2))
+    lis = sch.listener
+    engine_before = engine.eviction_stats.evictions
+    ids = [f"norm-{i}" for i in range(4)]
+    for i, tid in enumerate(ids):
+        sch.submit(_task(engine, tid, i))
+    robots = Robots(lambda tid, seg: 3.0 if tid.startswith("norm") else 0.05)
+    drive(sch, engine, lis, robots=robots,
+          until=lambda s: sum(tid in s._paused for tid in ids) >= 3)
+    generous = TUF(ert_s=120.0, slope_per_s=0.01, initial_utility=2.0)
+    for i, tid in enumerate(["urgent-0", "urgent-1"]):
+        sch.submit(TaskSpec(tid, f"robot_{tid}", "drone", list(TRACES.values())[4 + i].instruction,
+                            generous, engine.now(), "urgent"))
+    drive(sch, engine, lis)
+    assert all(t.state == "done" for t in sch.tasks.values()), [
+        (t.task_id, t.lifecycle.reason) for t in sch.tasks.values()]
+    ev = sch.evictions
+    print(f"scheduler evictions {ev.as_dict()}; engine evictions "
+          f"{engine.eviction_stats.evictions - engine_before}")
+    assert ev.evictions >= 1 and ev.by_reason == {"admission": ev.evictions}
+    assert ev.recomputed_tokens >= ev.evictions  # each resume computed its tail again
+    assert engine.pinned_blocks() == 0 and not engine.has_unfinished_requests()
 
 
 def _step_until(engine, rid, tokens, parked_ok=True, limit=400):

@@ -110,6 +110,7 @@ class EngineCapabilities:
     profile: Any = None
     kv_bytes_per_token: float = 131072.0
     host_link_bytes_per_s: float = 25e9
+    paused_hold_slots: bool = False
 
 
 @dataclass(frozen=True)

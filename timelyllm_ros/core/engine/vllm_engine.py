@@ -148,7 +148,8 @@ class VllmEngine(VllmOutputs, WallClockIdle, PauselessEngine):
     def capabilities(self) -> EngineCapabilities:
         return EngineCapabilities(pause_handling=self._sessions,
                                   default_pause_handling=PRESERVE if self._sessions else DISCARD,
-                                  max_num_seqs=self.config.max_num_seqs, profile=self.profile)
+                                  max_num_seqs=self.config.max_num_seqs, profile=self.profile,
+                                  paused_hold_slots=self._sessions)
 
     # -- text ------------------------------------------------------------------------------
     def now(self) -> float:
@@ -342,7 +343,8 @@ class VllmEngine(VllmOutputs, WallClockIdle, PauselessEngine):
     def paused_generations(self) -> list[ParkedGeneration]:
         now = self.now()
         mean = sum(self._pause_s) / len(self._pause_s) if self._pause_s else 0.0
-        return [ParkedGeneration(r.run_id, len(r.tokens), self._core.blocks_of(r.internal_id),
+        return [ParkedGeneration(r.run_id, len(r.tokens),
+                                 self._core.exclusive_blocks_of(r.internal_id),
                                  max(0.0, mean - (now - r.parked_at)))
                 for r in self._runs.values() if r.state == SUSPENDED]
 

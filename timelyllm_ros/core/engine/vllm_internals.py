@@ -75,8 +75,9 @@ class VllmInternals:
             self._scheduler.num_waiting_for_streaming_input  # noqa: B018
             self._waiting = self._scheduler.waiting
             original_schedule = self._scheduler.schedule
-            where = "KVCacheManager.get_block_ids / BlockPool.get_num_free_blocks"
+            where = "KVCacheManager.get_block_ids / get_blocks / BlockPool.get_num_free_blocks"
             self._kv.get_block_ids  # noqa: B018
+            self._kv.get_blocks  # noqa: B018
             self._pool.get_num_free_blocks  # noqa: B018
             self._pool.num_gpu_blocks  # noqa: B018
             where = "Scheduler.max_num_active_reqs / running / block_size"
@@ -157,6 +158,14 @@ class VllmInternals:
         if internal_id not in self._scheduler.requests:
             return 0
         return sum(len(ids) for ids in self._kv.get_block_ids(internal_id))
+
+    def exclusive_blocks_of(self, internal_id: str) -> int:
+        """KV blocks only this request references: what its abort frees (the shared system
+        prompt's blocks stay with the requests that share them)."""
+        if internal_id not in self._scheduler.requests:
+            return 0
+        return sum(1 for group in self._kv.get_blocks(internal_id).blocks for block in group
+                   if block.ref_cnt == 1)
 
     # -- KV ------------------------------------------------------------------------------
     def free_blocks(self) -> int:

@@ -22,6 +22,7 @@ from timelyllm_ros.core.sched.admission import TokenRateMeter
 from timelyllm_ros.core.sched.interface import (AdmissionController, AdmissionPass, Candidate,
                                                 GenerationInfo, Gate, Policy, RunningGen,
                                                 SchedulerContext)
+from timelyllm_ros.core.sched.parked import EvictionPlan, ParkedEviction
 from timelyllm_ros.core.sched.queue_view import QueueArrays, QueueView
 from timelyllm_ros.core.sched.sizes import bound_of, context_of, is_complete_program, plan_budget
 from timelyllm_ros.core.skills.skillset import SkillSet
@@ -40,7 +41,7 @@ class Contention:
     refused: int
 
 
-class AdmissionStep:
+class AdmissionStep(ParkedEviction):
     """Mixin of `SegmentScheduler` (core.sched.scheduler), which owns the state declared here."""
 
     engine: EngineAdapter
@@ -129,8 +130,14 @@ class AdmissionStep:
             walk = rows.tolist()
             for i, row in enumerate(walk):
                 task = self.tasks[row_keys[row]]
-                ok, _why = self._admission.may_admit(
-                    list(budgets), rate, self._free_blocks(), self._blocks_needed(task))
+                need, free = self._blocks_needed(task), self._free_blocks()
+                # (Refusal ends this walk, so no parked generation ranks above this one.)
+                plan = self._room_for(task.task_id, need, set(), now)
+                if plan is not None:
+                    free = max(free, plan.free_after)
+                ok, _why = self._admission.may_admit(list(budgets), rate, free, need)
+                if ok and plan is not None:
+                    self._carry_out(plan, now)
                 if not ok:
                     self._contention = Contention(float(priorities[row]), len(walk) - i)
                     break
@@ -194,6 +201,7 @@ class AdmissionStep:
         self._record_overhead(started)
         admitted = []
         tasks, shared_of, paused = self.tasks, self._shared_of, self._paused
+        refused_parked: set[str] = set()
         shortlist = admission.shortlist()
         for j, task_id in enumerate(keys):
             if shortlist is not None and task_id not in shortlist:
@@ -207,7 +215,12 @@ class AdmissionStep:
             cand = Candidate(task_id, task_seq[j], context[j], bounds[j], prefill[j], need,
                              deadlines[j], urgent[j], seg_index[j], task.spec.skill_set,
                              shared_of.get(task_id, 0))
-            ok, _why = admission.may_admit_candidate(batch, cand, free)
+            plan = self._room_for(task_id, need, refused_parked, now)
+            ok, _why = admission.may_admit_candidate(
+                batch, cand, free if plan is None else max(free, plan.free_after))
+            if ok and plan is not None:
+                self._carry_out(plan, now)
+                free = self._free_blocks()
             if not ok:
                 victims = admission.displacement_for(batch, cand, free)
                 if victims:
@@ -221,6 +234,8 @@ class AdmissionStep:
                 if self._contention is None:
                     self._contention = Contention(float(priorities[rows[j]]), 0)
                 self._contention.refused += 1
+                if paused and task_id in paused:  # it ranks above everything after it
+                    refused_parked.add(task_id)
                 if admission.skip_refused:
                     continue
                 break
@@ -233,6 +248,17 @@ class AdmissionStep:
                 free -= need
             admitted.append(task.submit_index)
         return admitted
+
+    def _room_for(self, task_id: str, need: int, ranked_above: set[str],
+                  now: float) -> EvictionPlan | None:
+        """Parked generations to evict for this admission (parked.py), None if none is needed
+        or none helps. Reckoned on the blocks really free: `_free_blocks` counts pinned blocks
+        as free when nothing runs, and the engine's own revocation (oldest first) then chooses."""
+        if not self._paused or not self.config.evict_parked:
+            return None
+        free = self.engine.kv_usage().free_blocks
+        return self._eviction_plan(task_id, need - free, self._parked_hold_slots(),
+                                   ranked_above, now, free)
 
     def _batch_state(self, now: float) -> list[RunningGen]:
         out = []

@@ -61,6 +61,7 @@ class SchedulerContext:
         without it every suspension is a discard (abort + resubmit).
     kv_bytes_per_token, host_link_bytes_per_s: KV size and host-link bandwidth used to price a
         swap (the simulated engine's own values when it has them).
+    parked_hold_slots: a preserved pause counts against `max_num_seqs` (a parked vLLM session).
     """
 
     engine_name: str
@@ -74,6 +75,7 @@ class SchedulerContext:
     kv_bytes_per_token: float = 131072.0
     host_link_bytes_per_s: float = 25e9
     engine: EngineAdapter | None = None
+    parked_hold_slots: bool = False
 
     @property
     def kv_capacity_tokens(self) -> int:

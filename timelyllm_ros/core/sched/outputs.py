@@ -10,6 +10,7 @@ plan is complete ("whole"). Preemption (BROS's displacement) queues a running ge
 from __future__ import annotations
 
 import logging
+import math
 
 from timelyllm_ros.core.engine.base import DISCARD, PAUSE_HANDLINGS, EngineAdapter, EngineOutput
 from timelyllm_ros.core.exec_model import ExecutionTimeModel
@@ -47,6 +48,8 @@ class OutputStep:
     _engine_pauses: bool
     _contention: Contention | None
     suspensions_avoided: int
+    # (and `_note_resumed_after_eviction`, `_note_run_to_segment`: parked.py)
+    _evicted: dict[str, int]
 
     def _consume(self, task: TaskRecord, output: EngineOutput, now: float) -> None:
         if output.error is not None:
@@ -58,6 +61,9 @@ class OutputStep:
             task.recomputed_tokens_last_resume = int(output.recomputed_tokens)
             task.recomputed_tokens_total += int(output.recomputed_tokens)
         if task.awaiting_cached_count and output.num_cached_tokens is not None:
+            if self._evicted:
+                self._note_resumed_after_eviction(task, output.recomputed_tokens,
+                                                  output.num_cached_tokens)
             task.awaiting_cached_count = False
             task.cached_tokens_last_resume = int(output.num_cached_tokens)
             task.cached_tokens_total += int(output.num_cached_tokens)
@@ -89,6 +95,9 @@ class OutputStep:
         plan_done = output.finished or plan_full
         binds: tuple[str, ...] = ()
         if found:
+            if task.run_started_s == task.run_started_s:  # (not NaN: the run's first segment)
+                self._note_run_to_segment(skill_set.name, now - task.run_started_s)
+                task.run_started_s = math.nan
             text = gen.text[found[0][0]:found[-1][1]]
             try:
                 parsed = language.parse(text)

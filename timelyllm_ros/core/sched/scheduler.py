@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from timelyllm_ros.core.engine.base import PAUSE_HANDLINGS, EngineAdapter, EngineRequest
+from timelyllm_ros.core.engine.eviction import EvictionStats
 from timelyllm_ros.core.exec_model import ExecutionTimeModel
 from timelyllm_ros.core.lifecycle import TaskLifecycle
 from timelyllm_ros.core.sched.admission import (BlocksOnlyAdmission, FixedBatchCap,
@@ -81,6 +82,9 @@ class SchedulerConfig:
     # Terminal tasks kept in `tasks` (oldest dropped first); None keeps every task, which the
     # bench needs for its results. A long-running planner should set a bound.
     max_finished_tasks: int | None = None
+    # Evict parked (preserved) generations to the prefix cache when their KV blocks or slots
+    # keep out an urgent generation that can still make its deadline (parked.py).
+    evict_parked: bool = True
 
 
 class SegmentScheduler(AdmissionStep, OutputStep):
@@ -130,6 +134,11 @@ class SegmentScheduler(AdmissionStep, OutputStep):
         # (engine request id, handling).
         self._paused: dict[str, tuple[str, str]] = {}
         self.pause_counts: dict[str, int] = {h: 0 for h in PAUSE_HANDLINGS}
+        # Parked generations this scheduler evicted for an admission (parked.py), and those
+        # whose resume has not yet measured its recompute.
+        self.evictions = EvictionStats()
+        self._evicted: dict[str, int] = {}
+        self._run_to_segment: dict[str, float] = {}
         # Engine request id -> most tokens that run may generate (RunningGen.bound_tokens).
         self._run_bound: dict[str, int] = {}
         # Skill set -> token ids of its fixed prompt (the prefix the cache shares across tasks),
@@ -162,7 +171,8 @@ class SegmentScheduler(AdmissionStep, OutputStep):
             supports_pause_handling=caps.pause_handling,
             default_pause_handling=caps.default_pause_handling,
             kv_bytes_per_token=float(caps.kv_bytes_per_token),
-            host_link_bytes_per_s=float(caps.host_link_bytes_per_s), engine=self.engine)
+            host_link_bytes_per_s=float(caps.host_link_bytes_per_s), engine=self.engine,
+            parked_hold_slots=caps.paused_hold_slots)
 
     def _make_admission(self) -> AdmissionController:
         own = self.policy.make_admission(self.context)
@@ -447,6 +457,7 @@ class SegmentScheduler(AdmissionStep, OutputStep):
         """Book-keeping once `task` is terminal."""
         self._active.pop(task.task_id, None)
         self._shared_of.pop(task.task_id, None)
+        self._evicted.pop(task.task_id, None)
         if self._hook_task_end:
             self.policy.on_task_end(task.submit_index)
         limit = self.config.max_finished_tasks

@@ -197,16 +197,20 @@ class PauseHandling:
         paused = self._paused.get(request_id)
         if paused is None or paused.handling != PRESERVE:
             return 0
+        held = paused.seq.num_computed  # (freeing the blocks forgets what they held)
         self.pause_stats["preserved_block_s"] += len(paused.seq.blocks) * (
             self._clock - paused.since)
         self._free_blocks(paused.seq)
         paused.handling = DISCARD
         self.pause_stats["preserve_revoked"] += 1
-        return paused.seq.num_computed
+        return held
 
     def paused_generations(self) -> list[ParkedGeneration]:
-        """Preserved pauses for core.engine.eviction (resume_in_s unknown here: 0)."""
-        return [ParkedGeneration(rid, p.seq.num_computed, len(p.seq.blocks), 0.0)
+        """Preserved pauses for core.engine.eviction (resume_in_s unknown here: 0), each with the
+        blocks its eviction frees (those no other request references)."""
+        ref = self._pool.ref
+        return [ParkedGeneration(rid, p.seq.num_computed,
+                                 sum(1 for b in p.seq.blocks if ref[b] == 1), 0.0)
                 for rid, p in self._paused.items() if p.handling == PRESERVE]
 
     def num_paused(self) -> int:
