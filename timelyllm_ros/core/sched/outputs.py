@@ -86,7 +86,14 @@ class OutputStep:
         if output.finished:
             tail_end = language.final_segment_end(gen.text, gen.consumed)
             if tail_end is not None and gen.text[gen.consumed:tail_end].strip():
-                found.append((gen.consumed, tail_end))
+                if output.finish_reason == "length" and not _parses(
+                        language, gen.text[gen.consumed:tail_end]):
+                    # The token budget cut a statement short (`mf` without its distance):
+                    # the plan ends before it, as if the budget had ended at the `;`.
+                    log.info("task %s: plan budget cut %r short; dropped", task.task_id,
+                             gen.text[gen.consumed:tail_end])
+                else:
+                    found.append((gen.consumed, tail_end))
                 gen.consumed = tail_end
                 gen.statements_done += 1
 
@@ -284,3 +291,11 @@ class OutputStep:
         task.lifecycle.finish_generation(now)
         self._maybe_complete(task, now)
         self._emit(task)
+
+
+def _parses(language, text: str) -> bool:
+    try:
+        language.parse(text)
+    except SkillSyntaxError:
+        return False
+    return True
