@@ -23,6 +23,10 @@ from timelyllm_ros.core.engine.profiling import (DEFAULT_OUTPUT, FULL, QUICK, Pr
                                                  vllm_version, write_profile)
 
 
+# `timelyllm profile --pauses` runs the engine as the planner does (float32 weights on a CPU).
+PAUSES_PROFILE = DEFAULT_OUTPUT.parent / "vllm-cpu-smollm2-135m-fp32.yaml"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="timelyllm profile",
@@ -30,8 +34,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "profile that the simulated engine (bench, replay) loads.")
     parser.add_argument("--model", default=str(DEFAULT_MODEL_DIR),
                         help="local Hugging Face model directory (default: the bundled model)")
-    parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT,
-                        help="profile YAML to write (default: %(default)s)")
+    parser.add_argument("--output", type=Path, default=None,
+                        help=f"profile YAML to write (default: {DEFAULT_OUTPUT}; with --pauses "
+                             "the profile to compare with, default: the one of the engine's "
+                             f"float32 weights, {PAUSES_PROFILE.name})")
     parser.add_argument("--quick", action="store_true",
                         help="fewer sizes and repeats: under 2 minutes on a 2-core CPU")
     parser.add_argument("--dtype", default=None,
@@ -46,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--pauses", action="store_true",
                         help="only calibrate the simulated engine's preserve / discard pauses "
                              "against the real engine's session and prefix-cache resumes "
-                             "(core/engine/pause_calibration.py), with the profile at --output")
+                             "(core/engine/pause_calibration.py), against the profile at "
+                             "--output; --repeats rounds (default 3)")
     return parser
 
 
@@ -65,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         per_round = max(1, plan.decode_steps // max(1, plan.decode_rounds))
         plan = dataclasses.replace(plan, prefill_repeats=args.repeats, decode_rounds=args.repeats,
                                    decode_steps=per_round * args.repeats)
+    if args.output is None:
+        args.output = PAUSES_PROFILE if args.pauses and not args.dtype else DEFAULT_OUTPUT
     name = args.name or args.output.stem
 
     def log(msg: str) -> None:
@@ -73,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     if args.pauses:
         from timelyllm_ros.core.engine.pause_calibration import run_pause_calibration
-        print(run_pause_calibration(args.model, args.output, log=log), flush=True)
+        print(run_pause_calibration(args.model, args.output, log=log,
+                                    repeats=args.repeats or 3, dtype=args.dtype), flush=True)
         return 0
     log(f"starting the engine ({args.model}) ...")
     engine, config = build_profiling_engine(args.model, args.dtype, args.max_model_len)

@@ -44,3 +44,41 @@ def test_the_simulated_resume_computes_what_the_calibration_model_says(handling,
         assert computed == 1
     else:
         assert 1 <= computed <= block
+
+
+def _sample(handling, context, computed, seconds):
+    from timelyllm_ros.core.engine.pause_calibration import PauseSample
+    return PauseSample(handling, context, computed, computed, seconds, None)
+
+
+def test_the_resume_cost_fit_takes_each_case_at_its_fastest():
+    from timelyllm_ros.core.engine.pause_calibration import fit_resume_cost
+
+    # 40 ms + 0.5 ms per token, each case measured twice, once slowed down by other work.
+    samples = []
+    for handling, context, computed in [(PRESERVE, 200, 1), (DISCARD, 200, 71),
+                                        (DISCARD, 500, 115)]:
+        exact = 0.040 + 0.0005 * computed
+        samples += [_sample(handling, context, computed, exact * 3),
+                    _sample(handling, context, computed, exact)]
+    fit = fit_resume_cost(samples)
+    assert fit.fixed_s == pytest.approx(0.040) and fit.per_token_s == pytest.approx(0.0005)
+    assert fit.rms_s == pytest.approx(0.0, abs=1e-9)
+
+
+def test_the_resume_cost_fit_needs_two_sizes():
+    from timelyllm_ros.core.engine.pause_calibration import fit_resume_cost
+
+    with pytest.raises(ValueError, match="two sizes"):
+        fit_resume_cost([_sample(PRESERVE, 200, 1, 0.04), _sample(PRESERVE, 500, 1, 0.05)])
+
+
+def test_the_calibration_table_reports_both_models():
+    from timelyllm_ros.core.engine.cost_model import EngineProfile
+    from timelyllm_ros.core.engine.pause_calibration import format_pause_samples
+
+    samples = [_sample(PRESERVE, 200, 1, 0.041), _sample(DISCARD, 200, 71, 0.076)]
+    table = format_pause_samples(samples, EngineProfile())
+    assert "| discard | 200 | 71 | 71 | 76.0 |" in table
+    assert "Measured resume step: 40.5 ms + 0.500 ms per token" in table
+    assert "Profile `" in table

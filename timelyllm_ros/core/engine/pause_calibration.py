@@ -8,11 +8,15 @@ costs in each is a prefill of the tokens it computes again: the simulated engine
 - the tokens each path computes on resume (vLLM's own accounting, `VllmEngine.request_stats`)
   and the simulated engine's figure for the same resume (it must agree: 1 for preserve, the
   partial last block for discard);
-- the measured time of the resume step against the profile's prediction.
+- the measured time of the resume step against the profile's prediction, and a straight-line
+  fit of the measured times (`fit_resume_cost`): what one resume costs as a function of the
+  tokens it computes, to set beside the profile's prefill model, which the simulated engine
+  charges for those tokens.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import statistics
 import time
@@ -88,7 +92,33 @@ def measure_pause_paths(engine, contexts=(200, 500, 900), repeats: int = 3,
     return out
 
 
-def format_pause_samples(samples: list[PauseSample]) -> str:
+@dataclass(frozen=True)
+class ResumeCostFit:
+    """resume step seconds ~= fixed_s + per_token_s * tokens computed (least squares over the
+    fastest sample of each case: the minimum is the machine's cost, the rest is noise)."""
+
+    fixed_s: float
+    per_token_s: float
+    rms_s: float
+
+
+def fit_resume_cost(samples: list[PauseSample]) -> ResumeCostFit:
+    cases: dict[tuple[str, int], list[PauseSample]] = {}
+    for s in samples:
+        cases.setdefault((s.handling, s.context_tokens), []).append(s)
+    xs = [float(min(g, key=lambda s: s.resume_s).computed_tokens) for g in cases.values()]
+    ys = [min(s.resume_s for s in g) for g in cases.values()]
+    if len(set(xs)) < 2:
+        raise ValueError("fit_resume_cost: needs resumes of at least two sizes")
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    fixed = my - slope * mx
+    rms = (sum((fixed + slope * x - y) ** 2 for x, y in zip(xs, ys)) / n) ** 0.5
+    return ResumeCostFit(fixed, slope, rms)
+
+
+def format_pause_samples(samples: list[PauseSample], profile: EngineProfile | None = None) -> str:
     lines = ["| path | context | computed (vLLM) | computed (sim model) | resume step ms | "
              "profile predicts ms |", "|---|---|---|---|---|---|"]
     keys = sorted({(s.handling, s.context_tokens // 100) for s in samples})
@@ -101,21 +131,37 @@ def format_pause_samples(samples: list[PauseSample]) -> str:
             f"{statistics.median(s.simulated_computed for s in group):.0f} | "
             f"{1e3 * min(s.resume_s for s in group):.1f} | "
             f"{(1e3 * statistics.median(pred)) if pred else float('nan'):.1f} |")
+    try:
+        fit = fit_resume_cost(samples)
+    except ValueError:
+        return "\n".join(lines)
+    lines.append("")
+    lines.append(f"Measured resume step: {1e3 * fit.fixed_s:.1f} ms + {1e3 * fit.per_token_s:.3f} "
+                 f"ms per token computed (rms {1e3 * fit.rms_s:.1f} ms).")
+    if profile is not None:
+        fixed = profile.prefill_fixed_s + profile.decode_step_s(1, 0)
+        lines.append(f"Profile `{profile.name}`: {1e3 * fixed:.1f} ms + "
+                     f"{1e3 * profile.prefill_per_token_s:.3f} ms per token (prefill fixed + one "
+                     "decode step, prefill per token).")
     return "\n".join(lines)
 
 
-def run_pause_calibration(model: str, profile_path, log=None) -> str:
+def run_pause_calibration(model: str, profile_path, log=None, repeats: int = 3,
+                          dtype: str | None = None) -> str:
     """`timelyllm profile --pauses`: the real engine with sessions, the table of both paths."""
     from pathlib import Path
 
     from timelyllm_ros.core.engine.vllm_engine import VllmEngine, VllmEngineConfig
 
     profile = EngineProfile.from_yaml(profile_path) if Path(profile_path).is_file() else None
-    engine = VllmEngine(VllmEngineConfig(model=model, ignore_eos=True))
+    config = VllmEngineConfig(model=model, ignore_eos=True)
+    if dtype:
+        config = dataclasses.replace(config, dtype=dtype)
+    engine = VllmEngine(config)
     try:
         if log:
             log("engine ready; resuming plans through both paths ...")
-        samples = measure_pause_paths(engine, profile=profile)
+        samples = measure_pause_paths(engine, profile=profile, repeats=repeats)
     finally:
         engine.shutdown()
-    return format_pause_samples(samples)
+    return format_pause_samples(samples, profile)
