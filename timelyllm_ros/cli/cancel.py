@@ -9,24 +9,16 @@ from __future__ import annotations
 import argparse
 import sys
 
+from timelyllm_ros.cli.planner_call import call_planner
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="timelyllm cancel", description=__doc__.splitlines()[0])
     parser.add_argument("task_id")
     parser.add_argument("--reason", default="", help="recorded as the task's reason")
     args = parser.parse_args(argv)
-    from timelyllm_ros.ros.client import PlannerClient
-
-    client = PlannerClient(node_name="timelyllm_cancel")
-    try:
-        response = client.cancel_task(args.task_id, args.reason)
-    except TimeoutError as err:
-        print(f"timelyllm cancel: {err}", file=sys.stderr)
-        return 1
-    finally:
-        client.close()
-    if not response.success:
-        print(f"timelyllm cancel: {response.reason}", file=sys.stderr)
+    response = call_planner("cancel", lambda c: c.cancel_task(args.task_id, args.reason))
+    if response is None:
         return 1
     print(f"{args.task_id}: {response.state}")
     return 0

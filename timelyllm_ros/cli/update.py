@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from timelyllm_ros.cli.planner_call import call_planner
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="timelyllm update", description=__doc__.splitlines()[0])
@@ -20,19 +22,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     urgency = args.urgency if args.urgency is not None else (
         "" if (args.ert or args.slope or args.utility) else "normal")
-    from timelyllm_ros.ros.client import PlannerClient
-
-    client = PlannerClient(node_name="timelyllm_update")
-    try:
-        r = client.update_task(args.task_id, urgency=urgency, ert_s=args.ert, slope=args.slope,
-                               initial_utility=args.utility)
-    except TimeoutError as err:
-        print(f"timelyllm update: {err}", file=sys.stderr)
-        return 1
-    finally:
-        client.close()
-    if not r.success:
-        print(f"timelyllm update: {r.reason}", file=sys.stderr)
+    r = call_planner("update", lambda c: c.update_task(
+        args.task_id, urgency=urgency, ert_s=args.ert, slope=args.slope,
+        initial_utility=args.utility))
+    if r is None:
         return 1
     print(f"{args.task_id}: urgency {r.urgency}, ERT {r.expected_response_time_s:g} s, "
           f"slope {r.decline_slope_per_s:g}/s, initial utility {r.initial_utility:g}")

@@ -60,7 +60,7 @@ def validate_goal(goal: GoalFields, *, levels: TufLevels, known_robots: dict[str
         raise GoalError("skill_set", "must name the robot kind (e.g. 'drone')")
     if not goal.instruction or not goal.instruction.strip():
         raise GoalError("instruction", "must not be empty")
-    tuf = _goal_tuf(goal, levels)
+    tuf = goal_tuf(goal, levels)
     arrival = now_s
     if goal.stamp_s is not None:
         if not math.isfinite(goal.stamp_s) or abs(goal.stamp_s - now_s) > MAX_STAMP_SKEW_S:
@@ -75,7 +75,9 @@ def validate_goal(goal: GoalFields, *, levels: TufLevels, known_robots: dict[str
 _TUF_FIELDS = ("expected_response_time_s", "decline_slope_per_s", "initial_utility")
 
 
-def _goal_tuf(goal: GoalFields, levels: TufLevels) -> TUF:
+def goal_tuf(goal: GoalFields, levels: TufLevels) -> TUF:
+    """A goal's TUF: its urgency level's, or its explicit (ERT, slope, U0) triple when the
+    urgency is empty; GoalError names the field that is wrong."""
     values = (goal.expected_response_time_s, goal.decline_slope_per_s, goal.initial_utility)
     if goal.urgency:
         try:

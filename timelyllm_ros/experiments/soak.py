@@ -306,13 +306,9 @@ def _action_names(node) -> set[str]:
     return {name for name, _ in get_action_names_and_types(node)}
 
 
-def _latest_metrics(client):
-    with client._lock:
-        return client.seen.metrics[-1] if client.seen.metrics else None
-
-
 def _sample(client, load: _FleetLoad, pids: dict[str, int], t: float) -> Sample:
-    m = _latest_metrics(client)
+    # (A soak's metrics history is not needed beyond the newest sample.)
+    m = client.latest_metrics(keep_history=False)
     sample = Sample(t=round(t, 2), planner_rss_mb=_rss_mb(pids.get("planner", -1)),
                     fleet_rss_mb=_rss_mb(pids.get("fleet_sim", -1)),
                     submitted=load.submitted, terminal=load.terminal)
@@ -321,8 +317,6 @@ def _sample(client, load: _FleetLoad, pids: dict[str, int], t: float) -> Sample:
         sample.kv_used = m.kv_total_blocks - m.kv_free_blocks
         sample.planner_tasks_total = m.tasks_total
         sample.fetch_overhead_ms = m.fetch_overhead_ms
-    with client._lock:  # a soak's metrics history is not needed beyond the newest sample
-        del client.seen.metrics[:-1]
     return sample
 
 
@@ -330,11 +324,10 @@ def _wait_idle(client, timeout_s: float) -> dict:
     """Until the planner reports an empty queue, no running request, no active task and every
     KV block free (a fresh metrics sample after the last task ended)."""
     deadline = time.monotonic() + timeout_s
-    with client._lock:
-        client.seen.metrics.clear()
+    client.clear_metrics()
     idle = {}
     while time.monotonic() < deadline:
-        m = _latest_metrics(client)
+        m = client.latest_metrics()
         if m is not None:
             idle = {"queued": m.queued, "running": m.running, "active_tasks": m.active_tasks,
                     "kv_used_blocks": m.kv_total_blocks - m.kv_free_blocks,

@@ -192,6 +192,20 @@ class PlannerClient:
     def publish_goal(self, goal: TaskGoal) -> None:
         self._goal_pub.publish(goal)
 
+    def latest_metrics(self, keep_history: bool = True):
+        """The newest PlannerMetrics sample (None before the first); with `keep_history=False`
+        older samples are dropped (a long run needs only the newest)."""
+        with self._lock:
+            metrics = self.seen.metrics
+            if not keep_history:
+                del metrics[:-1]
+            return metrics[-1] if metrics else None
+
+    def clear_metrics(self) -> None:
+        """Forget every metrics sample so far (to wait for a fresh one)."""
+        with self._lock:
+            self.seen.metrics.clear()
+
     def last_status(self, task_id: str) -> TaskStatus | None:
         with self._lock:
             return self.seen.last(task_id)

@@ -26,14 +26,11 @@ Listeners receive frozen records (`SegmentDispatch`, `TaskSnapshot`), never the 
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
-import math
-import numbers
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Iterable
 
 from timelyllm_ros.core.engine.base import PAUSE_HANDLINGS, EngineAdapter, EngineRequest
 from timelyllm_ros.core.engine.eviction import EvictionStats
@@ -46,15 +43,14 @@ from timelyllm_ros.core.sched.admission_step import AdmissionStep
 from timelyllm_ros.core.sched.interface import (AdmissionController, CandidateAdmission, Policy,
                                                 SchedulerContext, SchedulerListener, StepInfo,
                                                 TaskRejected)
-from timelyllm_ros.core.sched.observations import observation_text
 from timelyllm_ros.core.sched.outputs import OutputStep
 from timelyllm_ros.core.sched.queue_view import QueueArrays, initial_row
 from timelyllm_ros.core.sched.report_deadlines import ReportDeadlines
 from timelyllm_ros.core.sched.robot_timeline import RobotTimelines
 from timelyllm_ros.core.sched.sizes import bound_of, context_of, first_unreported, plan_budget
+from timelyllm_ros.core.sched.task_inputs import TaskInputs
 from timelyllm_ros.core.skills.skillset import SkillSet
 from timelyllm_ros.core.task import TaskRecord, TaskSnapshot, TaskSpec
-from timelyllm_ros.core.tuf import TUF
 
 log = logging.getLogger("timelyllm.scheduler")
 
@@ -87,10 +83,11 @@ class SchedulerConfig:
     evict_parked: bool = True
 
 
-class SegmentScheduler(AdmissionStep, OutputStep):
+class SegmentScheduler(AdmissionStep, OutputStep, TaskInputs):
     """The loop (module docstring). Admission lives in `AdmissionStep` (admission_step.py),
-    turning outputs into segments in `OutputStep` (outputs.py); this class owns the state and
-    the task lifecycle: inputs, the tick, completion and release."""
+    turning outputs into segments in `OutputStep` (outputs.py), reports, TUF updates and cancels
+    in `TaskInputs` (task_inputs.py); this class owns the state and the task lifecycle:
+    submission, the tick, completion and release."""
 
     def __init__(self, engine: EngineAdapter, policy: Policy, skill_sets: dict[str, SkillSet],
                  exec_model: ExecutionTimeModel, listener: SchedulerListener,
@@ -235,105 +232,6 @@ class SegmentScheduler(AdmissionStep, OutputStep):
             key=spec.task_id)
         self._emit(task)
         return task
-
-    def on_report(self, task_id: str, sequence: int, started_s: float, finished_s: float,
-                  success: bool, message: str = "", returned: bool = False,
-                  values: Mapping[str, Any] | None = None) -> None:
-        """A robot's execution report, with times already in the scheduler's clock.
-
-        `values`: what the segment's skills returned, by variable (`{"_1": False}`); with the
-        skill set's `observations` they go into the context of the generation that waits for
-        this report before it resumes (core/sched/observations.py).
-
-        `returned`: the segment ended the plan with a return (MiniSpec `->`): nothing after it
-        will run, so the generation stops (engine request aborted, KV and queue entry freed)
-        and the task ends `done` with the reason "returned", instead of generating segments
-        that would never run."""
-        task = self.tasks.get(task_id)
-        if task is None:
-            raise KeyError(f"task_id: no task {task_id!r}")
-        if isinstance(sequence, bool) or not isinstance(sequence, numbers.Integral) \
-                or not 0 <= sequence < len(task.segments):
-            raise ValueError(f"sequence: task {task_id!r} has no dispatched segment {sequence!r} "
-                             f"({len(task.segments)} dispatched)")
-        # Bad times are the robot's bug and must be reported even when the report is moot.
-        if not _is_time(started_s):
-            raise ValueError(f"started: {started_s!r} is not a finite time")
-        if not _is_time(finished_s):
-            raise ValueError(f"finished: {finished_s!r} is not a finite time")
-        if finished_s < started_s:
-            raise ValueError(f"finished: {finished_s} is before started {started_s}")
-        if task.lifecycle.is_terminal:
-            return
-        segment = task.segments[int(sequence)]
-        if segment.reported:
-            return
-        started_s, finished_s = float(started_s), float(finished_s)
-        segment.started_s, segment.finished_s, segment.success = started_s, finished_s, success
-        self._robots.settled(task.spec.robot_id, [segment])
-        if success and segment.calls:
-            self.exec_model.observe_segment(segment.calls, finished_s - started_s)
-            self._note_segment_time(task.spec.skill_set, finished_s - started_s, observed=True)
-        now = self.engine.now()
-        if not success:
-            self._finish(task, "fail", f"robot {task.spec.robot_id} reported failure of segment "
-                                       f"{sequence}: {message or 'no message'}", now)
-            return
-        if returned:
-            self._finish(task, "end_early", f"returned: the plan ended at segment {sequence}"
-                                            + (f" ({message})" if message else ""), now)
-            return
-        if values:
-            segment.values = dict(values)
-        if task.awaiting_report == segment.sequence:
-            self._resume_with_report(task, segment, now)
-        # Everything still queued on this robot (any task) now starts from the reported finish.
-        moved = self._robots.reschedule(task.spec.robot_id, finished_s,
-                                        self.config.network_latency_s)
-        self._deadlines.note(task)  # its next segment is now the one to wait for
-        for other in moved:
-            self._deadlines.note(other)
-        if task.queue_slot is not None and task.queue_slot in self._queue:
-            # The reported finish replaces the estimate as the suspended generation's reference.
-            self._queue.update(task.queue_slot, reference_s=task.robot_free_at(now))
-        self._maybe_complete(task, now)
-        self._emit(task)
-
-    def _resume_with_report(self, task: TaskRecord, segment, now: float) -> None:
-        """The report a suspended generation waited for: append it, then queue the generation."""
-        task.awaiting_report = None
-        computed = context_of(task)
-        if segment.values:
-            text = observation_text(segment.values)
-            task.observations.append((len(task.generated.token_ids),
-                                      tuple(self.engine.tokenize(text))))
-        self._requeue(task, now, computed=computed)
-
-    def update_tuf(self, task_id: str, tuf: TUF, urgency: str) -> TaskSpec:
-        """Give a live task a new TUF (and urgency label); the next priority computation uses
-        it. Its queued generation's row gets the new k, U0 and class; the row's ERT becomes
-        the new ERT for a first segment (a suspended generation keeps ERT 0, §4.2). A response
-        already given keeps the utility it earned. KeyError for an unknown task, ValueError for
-        a finished one (both name `task_id`)."""
-        task = self.tasks.get(task_id)
-        if task is None:
-            raise KeyError(f"task_id: unknown task {task_id!r}")
-        if task.lifecycle.is_terminal:
-            raise ValueError(f"task_id: task {task_id!r} already ended ({task.state})")
-        task.spec = dataclasses.replace(task.spec, tuf=tuf, urgency=urgency or "custom")
-        slot = task.queue_slot
-        if slot is not None and slot in self._queue:
-            first = int(self._queue.get(slot)["segment_index"]) == 0
-            self._queue.update(slot, ert_s=tuf.ert_s if first else 0.0, slope=tuf.slope_per_s,
-                               initial_utility=tuf.initial_utility, task_ert_s=tuf.ert_s,
-                               is_urgent=task.spec.is_urgent)
-        self._emit(task)
-        return task.spec
-
-    def cancel(self, task_id: str, reason: str) -> None:
-        task = self.tasks.get(task_id)
-        if task is not None and not task.lifecycle.is_terminal:
-            self._finish(task, "cancel", reason, self.engine.now())
 
     # ------------------------------------------------------------------ the loop
     def has_work(self) -> bool:
@@ -550,8 +448,3 @@ def _rejected_snapshot(spec: TaskSpec, reason: str) -> TaskSnapshot:
                         reason=reason, response_time_s=nan, utility=nan, waiting_time_s=nan,
                         segments_dispatched=0, segments_completed=0, resumes=0,
                         cached_tokens_last_resume=0, cached_tokens_total=0)
-
-
-def _is_time(x: object) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
-

@@ -10,7 +10,7 @@ from __future__ import annotations
 from timelyllm_ros.core.errors import FieldError
 from timelyllm_ros.core.task import TaskSpec
 from timelyllm_ros.core.tuf import TUF, TufLevels
-from timelyllm_ros.core.validation import GoalFields, _goal_tuf
+from timelyllm_ros.core.validation import GoalFields, goal_tuf
 
 
 class UpdateError(FieldError):
@@ -24,7 +24,7 @@ def tuf_from_fields(levels: TufLevels, urgency: str, expected_response_time_s: f
     fields = GoalFields(task_id="", robot_id="", skill_set="", instruction="", urgency=urgency,
                         expected_response_time_s=expected_response_time_s,
                         decline_slope_per_s=decline_slope_per_s, initial_utility=initial_utility)
-    return _goal_tuf(fields, levels)
+    return goal_tuf(fields, levels)
 
 
 def update_tuf(scheduler, task_id: str, tuf: TUF, urgency: str) -> TaskSpec:
