@@ -392,3 +392,25 @@ def test_hybrid_sim_bros_protects_rt():
     assert fcfs.rt_done == fcfs.rt_total and bros.rt_done == bros.rt_total
     assert bros.ttft_attain >= fcfs.ttft_attain + 0.5
     assert bros.be_done > 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(prefill=st.booleans(), new=st.integers(0, 4096), context=st.integers(0, 8192),
+       host=st.integers(0, 512))
+def test_pricing_a_request_alone_equals_push_value_pop(prefill, new, context, host):
+    """`alone` (the selector prices every RT request by itself) gives exactly what pushing it
+    onto an empty accumulator gives, bit for bit, and leaves the running sums untouched."""
+    from timelyllm_ros.papers.bros.cost_model import cost_accumulator
+    from timelyllm_ros.papers.bros.requests import BrosRequest
+
+    model = BrosCostModel.from_engine_profile(EngineProfile())
+    r = BrosRequest("r", prefill=prefill, new_tokens=new, context_tokens=context,
+                    host_slots=host)
+    acc = cost_accumulator(model)
+    acc.push(r)
+    expected = acc.value()
+    acc.pop(r)
+    assert acc.alone(r) == expected
+    assert acc.value() == 0.0 or acc.value() == model.swap_s(0)
+    stub = cost_accumulator(lambda batch: 0.001 * len(batch))
+    assert stub.alone(r) == 0.001 and stub.value() == 0.0

@@ -134,6 +134,13 @@ class _ModelCost:
     def pop(self, r: BrosRequest) -> None:
         self._add(r, -1)
 
+    def alone(self, r: BrosRequest) -> float:
+        """`value()` of a batch of `r` alone (what push, value, pop on an empty accumulator
+        give, with the same arithmetic), without touching the running sums."""
+        la = max(r.context_tokens, r.new_tokens)
+        phase = self.m.prefill if r.prefill else self.m.decode
+        return max(0.0 + phase(r.new_tokens, r.new_tokens * la), self.m.swap_s(r.host_slots))
+
     def value(self) -> float:
         ex = 0.0
         if self.p_n > 0:
@@ -161,6 +168,9 @@ class _CallableCost:
                 del self.items[i]
                 return
         raise KeyError(r.req_id)
+
+    def alone(self, r: BrosRequest) -> float:
+        return float(self.fn([r]))
 
     def value(self) -> float:
         return float(self.fn(self.items))

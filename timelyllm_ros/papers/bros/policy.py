@@ -77,7 +77,7 @@ class BrosAdmission(CandidateAdmission):
         self.last_selection = None
 
     def begin_pass(self, p) -> None:
-        from timelyllm_ros.papers.bros.requests import segment_request
+        from timelyllm_ros.papers.bros.requests import BE, RT, segment_request
         t_avg = self.scheduler.t_avg_s
         be_slack = self.policy.be_slack_s
         rt, be = [], []
@@ -95,14 +95,17 @@ class BrosAdmission(CandidateAdmission):
                 self.be_victims.append((g.key, self._private_blocks(g, per_skill_set)))
         self.be_victims.reverse()  # p.running is in admission order
         view, rows = p.view, p.rows
-        deadline = (view.reference_s[rows] + view.ert_s[rows]).tolist()
-        bound = np.maximum(view.bound_tokens[rows], 1).tolist()
+        deadline_col = view.reference_s[rows] + view.ert_s[rows]
+        bound_col = np.maximum(view.bound_tokens[rows], 1)
+        # `_service_class` for every queued row at once (the same arithmetic, in the same order).
+        slack = deadline_col - p.now - (bound_col - 1) * t_avg
+        is_rt = view.is_urgent[rows].astype(bool) | ~(slack > be_slack)  # (NaN slack: RT)
+        kinds = np.where(is_rt, RT, BE).tolist()
+        deadline, bound = deadline_col.tolist(), bound_col.tolist()
         ctx_tokens = view.context_tokens[rows].tolist()
         prefill = np.maximum(view.prefill_tokens[rows], 1).tolist()
-        urgent = view.is_urgent[rows].tolist()
         for j, key in enumerate(p.keys):
-            kind = _service_class(urgent=urgent[j], deadline_s=deadline[j], now=p.now,
-                                  tokens_left=bound[j], t_avg_s=t_avg, be_slack_s=be_slack)
+            kind = kinds[j]
             r = segment_request(key, now_s=p.now, reference_s=p.now, deadline_s=deadline[j],
                                 tokens_left=bound[j], prefill=True, new_tokens=prefill[j],
                                 context_tokens=ctx_tokens[j], kind=kind)
@@ -118,6 +121,10 @@ class BrosAdmission(CandidateAdmission):
         sel = self.scheduler.select(rt, be, blocks=oracle)
         self.last_selection = sel
         self.allowed = {r.req_id for r in sel.batch if not isinstance(r.req_id, tuple)}
+
+    def shortlist(self):
+        """The generations this iteration's selection chose (the walk skips the rest)."""
+        return self.allowed
 
     def may_admit(self, running, rate, free_kv_blocks, blocks_needed):
         if blocks_needed > free_kv_blocks:

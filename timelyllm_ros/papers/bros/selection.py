@@ -83,11 +83,7 @@ def select_batch(rt_requests: Iterable[BrosRequest], be_requests: Iterable[BrosR
     # Stable sort: equal slack keeps the caller's (arrival) order.
     qrt = deque(sorted(rts, key=lambda r: slack[id(r)]))
     acc = cost_accumulator(cost)
-    alone = {}
-    for r in rts:
-        acc.push(r)
-        alone[id(r)] = acc.value()
-        acc.pop(r)
+    alone = {id(r): acc.alone(r) for r in rts}
 
     def is_late(r: BrosRequest) -> bool:
         return slack[id(r)] + TIME_TOLERANCE_S < alone[id(r)]
