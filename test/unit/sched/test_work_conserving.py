@@ -189,6 +189,13 @@ def test_resumes_are_refused_while_responses_run_on_a_slow_batch():
     resumes = [_gen(f"s{i}", 2, 9.0) for i in range(14)] + [_gen("be", 0, deadline=60.0)]
     adm.begin_pass(_pass(resumes))
     assert adm.may_admit_candidate(resumes, _cand(1), 100)[0]
+    # Holding the cap between responses: the next response will join this batch.
+    held = ResponseFirstAdmission(step_factor=1.5, speed_model=speed, cap_between_responses=True)
+    held.begin_pass(_pass(resumes))
+    ok, why = held.may_admit_candidate(resumes, _cand(1), 100)
+    assert not ok and "resume refused" in why
+    held.begin_pass(_pass(resumes[:5]))
+    assert held.may_admit_candidate(resumes[:5], _cand(1), 100)[0]
 
 
 def test_running_resumes_are_asked_to_yield_only_while_the_step_is_over_the_cap():

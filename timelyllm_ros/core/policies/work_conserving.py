@@ -10,10 +10,11 @@ policy keeps TimelyLLM's priority (PUD scaled by slack, Eq. 4) and changes when 
 - **Responses first.** A task's utility is fixed by its first segment (its response); later
   segments only need to be ready when the robot finishes the previous one. Queued first segments
   rank above every resume; PUD orders each class.
-- **Resumes do not slow responses.** A resume is admitted only while every running first
-  segment that can still make its deadline would still make it with one more sequence in the
-  batch (the §4.4 latency check, applied to responses only). A first segment is admitted
-  whenever KV blocks and slots allow: making it wait in the queue is what costs utility.
+- **Resumes do not slow responses.** While a response runs, a resume is admitted only while
+  the step with it stays within `response_step_factor` times the fastest step the engine has
+  shown, and running resumes yield at their next boundary while the step is over that
+  (`cap_between_responses` holds the cap at every step). A first segment is admitted whenever
+  KV blocks and slots allow: making it wait in the queue is what costs utility.
 - **Work-conserving suspension** (`Policy.suspend_when = "contended"`): a generation is suspended
   at a segment boundary only when the last admission pass refused a generation that ranks above
   it; otherwise it keeps generating and its segments go out as they complete, as streaming does.
@@ -48,11 +49,13 @@ class ResponseFirstAdmission(CandidateAdmission):
     the running first segments down (module docstring).
 
     Every token of a running first segment is on a task's response time, and every sequence in
-    the batch lengthens each step. So while first segments run, the batch is kept at a step time
-    of at most `step_factor` times the fastest step the engine has shown (the batch of one,
-    predicted by `BatchSpeedModel`): a resume is admitted only if the step with it stays under
-    that, and running resumes are asked to yield at their next boundary while the measured step
-    is over it. With no first segment running, resumes run as fast as the batch allows."""
+    the batch lengthens each step. So the batch is kept at a step time of at most `step_factor`
+    times the fastest step the engine has shown (the batch of one, predicted by
+    `BatchSpeedModel`): a resume is admitted only if the step with it stays under that, and
+    running resumes are asked to yield at their next boundary while the measured step is over
+    it, while a response due within `horizon_s` runs; otherwise resumes run as fast as the
+    batch allows. With `cap_between_responses` the cap holds at every step, since a response
+    can arrive at any moment and joins whatever batch is running."""
 
     # The walk stops at the first refusal, as vLLM's waiting queue does: first segments rank
     # above every resume, and once one resume is refused for the step cap every later one is
@@ -60,7 +63,8 @@ class ResponseFirstAdmission(CandidateAdmission):
     skip_refused = False
 
     def __init__(self, max_num_seqs: int | None = None, step_factor: float = 1.5,
-                 horizon_s: float = 5.0, *, speed_model: BatchSpeedModel | None = None):
+                 horizon_s: float = 5.0, *, speed_model: BatchSpeedModel | None = None,
+                 cap_between_responses: bool = False):
         if not (step_factor >= 1 and math.isfinite(step_factor)):
             raise ValueError(f"step_factor: must be a finite number >= 1, got {step_factor!r}")
         self.max_num_seqs = max_num_seqs
@@ -68,15 +72,19 @@ class ResponseFirstAdmission(CandidateAdmission):
         self.horizon_s = float(horizon_s)
         self.speed_model = speed_model if speed_model is not None else BatchSpeedModel()
         self._step_cap_s: float | None = None
+        self.cap_between_responses = bool(cap_between_responses)
 
     def begin_pass(self, admission_pass: AdmissionPass) -> None:
         self._step_cap_s = self._cap(admission_pass.running, admission_pass.now)
 
     def _cap(self, running: Sequence[RunningGen], now: float) -> float | None:
         """Longest step that keeps responses fast, or None when no response due within
-        `horizon_s` is running (a best-effort task due in a minute needs no fast steps)."""
+        `horizon_s` is running (a best-effort task due in a minute needs no fast steps). With
+        `cap_between_responses` it holds at every step: the next response to arrive joins
+        whatever batch resumes swelled meanwhile."""
         due = now + self.horizon_s
-        if not any(g.segment_index == 0 and g.deadline_s <= due for g in running):
+        if not self.cap_between_responses and not any(
+                g.segment_index == 0 and g.deadline_s <= due for g in running):
             return None
         fastest = self.speed_model.step_time_s(1)
         return None if fastest is None or fastest <= 0 else self.step_factor * fastest
@@ -121,8 +129,12 @@ class WorkConservingTimelyPolicy(TimelyPolicy):
     latency_guided_admission: bool = False
     # Longest step, as a multiple of the fastest, while first segments run (ResponseFirstAdmission).
     response_step_factor: float = 1.5
-    # Responses due within this many seconds count as running responses for the step cap.
+    # Responses due within this many seconds count as running responses for the step cap
+    # (only with cap_between_responses off).
     response_horizon_s: float = 5.0
+    # Hold the step cap between responses too (the next response joins the running batch).
+    # Off by default: measured mixed (docs/bench.md, "Holding the cap between responses").
+    cap_between_responses: bool = False
     # Most of the KV cache that preserved pauses may hold (pause_handling).
     preserve_kv_share: float = 0.5
 
@@ -133,7 +145,8 @@ class WorkConservingTimelyPolicy(TimelyPolicy):
 
     def make_admission(self, ctx: SchedulerContext) -> AdmissionController | None:
         return ResponseFirstAdmission(ctx.max_num_seqs, self.response_step_factor,
-                                      self.response_horizon_s)
+                                      self.response_horizon_s,
+                                      cap_between_responses=self.cap_between_responses)
 
     def pause_handling(self, pause: PauseInfo) -> str:
         """Preserve (keep the KV: the resume computes one token) while preserved pauses hold
