@@ -76,7 +76,7 @@ def results_json(runs: Mapping[str, Any], workload: Mapping[str, Any]) -> dict[s
     policies = {}
     for name, run in runs.items():
         policies[name] = compute_metrics(run.tasks, run.fetch_overhead_s)
-        if getattr(run, "pauses", None):
+        if run.pauses:
             policies[name]["pauses"] = dict(run.pauses)
     return {"policies": policies, "workload": dict(workload)}
 

@@ -44,6 +44,14 @@ class ParkedGeneration:
     resume_in_s: float
 
 
+def recompute_seconds(profile, tokens: int) -> float:
+    """t_fwd: seconds to compute `tokens` again, from the engine's cost model (its prefill), or
+    ~10k tokens/s without one (only the order of the evictions matters then)."""
+    if profile is not None:
+        return float(profile.prefill_s(int(tokens)))
+    return 1e-4 * tokens
+
+
 def waste_keep(p: ParkedGeneration) -> float:
     return max(0.0, p.resume_in_s) * p.context_tokens
 

@@ -22,6 +22,8 @@ import statistics
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from timelyllm_ros.core.engine.base import DISCARD, PRESERVE, EngineRequest
 from timelyllm_ros.core.engine.cost_model import EngineProfile
 
@@ -110,12 +112,9 @@ def fit_resume_cost(samples: list[PauseSample]) -> ResumeCostFit:
     ys = [min(s.resume_s for s in g) for g in cases.values()]
     if len(set(xs)) < 2:
         raise ValueError("fit_resume_cost: needs resumes of at least two sizes")
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    fixed = my - slope * mx
-    rms = (sum((fixed + slope * x - y) ** 2 for x, y in zip(xs, ys)) / n) ** 0.5
-    return ResumeCostFit(fixed, slope, rms)
+    slope, fixed = np.polyfit(xs, ys, 1)
+    residual = np.polyval((slope, fixed), xs) - np.asarray(ys)
+    return ResumeCostFit(float(fixed), float(slope), float(np.sqrt(np.mean(residual ** 2))))
 
 
 def format_pause_samples(samples: list[PauseSample], profile: EngineProfile | None = None) -> str:

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from timelyllm_ros.core.engine.base import EngineOutput, EngineRequest, StepTiming
-from timelyllm_ros.core.engine.eviction import EvictionStats, ParkedGeneration, eviction_order
+from timelyllm_ros.core.engine.eviction import (EvictionStats, ParkedGeneration, eviction_order,
+                                                recompute_seconds)
 from timelyllm_ros.core.engine.vllm_sessions import PARKED, RUNNING, Run, classify_chunk_end
 
 
@@ -196,6 +197,4 @@ class VllmOutputs:
                 freed_slots += 1
 
     def _recompute_s(self, tokens: int) -> float:
-        if self.profile is not None:
-            return float(self.profile.prefill_s(int(tokens)))
-        return 1e-4 * tokens  # ~10k tokens/s: only the order matters without a profile
+        return recompute_seconds(self.profile, tokens)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Collection
 
 import numpy as np
 
@@ -132,7 +133,7 @@ class AdmissionStep(ParkedEviction):
                 task = self.tasks[row_keys[row]]
                 need, free = self._blocks_needed(task), self._free_blocks()
                 # (Refusal ends this walk, so no parked generation ranks above this one.)
-                plan = self._room_for(task.task_id, need, set(), now)
+                plan = self._room_for(task, need, (), now)
                 if plan is not None:
                     free = max(free, plan.free_after)
                 ok, _why = self._admission.may_admit(list(budgets), rate, free, need)
@@ -215,7 +216,7 @@ class AdmissionStep(ParkedEviction):
             cand = Candidate(task_id, task_seq[j], context[j], bounds[j], prefill[j], need,
                              deadlines[j], urgent[j], seg_index[j], task.spec.skill_set,
                              shared_of.get(task_id, 0))
-            plan = self._room_for(task_id, need, refused_parked, now)
+            plan = self._room_for(task, need, refused_parked, now)
             ok, _why = admission.may_admit_candidate(
                 batch, cand, free if plan is None else max(free, plan.free_after))
             if ok and plan is not None:
@@ -249,15 +250,16 @@ class AdmissionStep(ParkedEviction):
             admitted.append(task.submit_index)
         return admitted
 
-    def _room_for(self, task_id: str, need: int, ranked_above: set[str],
+    def _room_for(self, task: TaskRecord, need: int, ranked_above: Collection[str],
                   now: float) -> EvictionPlan | None:
         """Parked generations to evict for this admission (parked.py), None if none is needed
-        or none helps. Reckoned on the blocks really free: `_free_blocks` counts pinned blocks
-        as free when nothing runs, and the engine's own revocation (oldest first) then chooses."""
-        if not self._paused or not self.config.evict_parked:
+        or none helps. Only an urgent task evicts, so every other candidate of the walk costs
+        one test. Reckoned on the blocks really free: `_free_blocks` counts pinned blocks as
+        free when nothing runs, and the engine's own revocation (oldest first) then chooses."""
+        if not self._paused or not task.spec.is_urgent or not self.config.evict_parked:
             return None
         free = self.engine.kv_usage().free_blocks
-        return self._eviction_plan(task_id, need - free, self._parked_hold_slots(),
+        return self._eviction_plan(task.task_id, need - free, self._parked_hold_slots(),
                                    ranked_above, now, free)
 
     def _batch_state(self, now: float) -> list[RunningGen]:

@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Collection
 
 from timelyllm_ros.core.engine.base import PRESERVE, EngineAdapter
 from timelyllm_ros.core.engine.eviction import (EvictionStats, ParkedGeneration, eviction_order,
-                                                waste_evict, waste_keep)
+                                                recompute_seconds, waste_evict, waste_keep)
 from timelyllm_ros.core.sched.interface import SchedulerContext
 from timelyllm_ros.core.sched.sizes import context_of
 from timelyllm_ros.core.task import TaskRecord
@@ -69,13 +69,14 @@ class ParkedEviction:
         return max(0, len(self._running) + len(self._paused) + 1 - seqs)
 
     def _eviction_plan(self, candidate_id: str, blocks_short: int, slots_short: int,
-                       ranked_above: set[str], now: float, free: int) -> EvictionPlan | None:
+                       ranked_above: Collection[str], now: float,
+                       free: int) -> EvictionPlan | None:
         """The parked generations to evict so that `blocks_short` blocks and `slots_short`
         slots come free for `candidate_id`, cheapest first; None if they cannot make room."""
         if (blocks_short <= 0 and slots_short <= 0) or not self._paused:
             return None
         candidate = self.tasks[candidate_id]
-        if not candidate.spec.is_urgent or not self._can_still_make_it(candidate, now):
+        if not self._can_still_make_it(candidate, now):
             return None
         task_of = {rid: tid for tid, (rid, handling) in self._paused.items()
                    if handling == PRESERVE and tid != candidate_id and tid not in ranked_above
@@ -142,7 +143,4 @@ class ParkedEviction:
         self.evictions.recomputed_tokens += int(recomputed)
 
     def _recompute_s(self, tokens: int) -> float:
-        profile = self.context.profile
-        if profile is not None:
-            return float(profile.prefill_s(int(tokens)))
-        return 1e-4 * tokens  # ~10k tokens/s: without a profile only the order matters
+        return recompute_seconds(self.context.profile, tokens)
