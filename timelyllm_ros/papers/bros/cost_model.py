@@ -59,13 +59,32 @@ class BrosCostModel:
         return self.swap_fixed_s + self.swap_per_slot_s * slots if slots > 0 else 0.0
 
     def iteration_s(self, batch: Iterable[BrosRequest]) -> float:
-        acc = _ModelCost(self)
+        acc = ModelCostAccumulator(self)
         for r in batch:
             acc.push(r)
         return acc.value()
 
     def __call__(self, batch: Iterable[BrosRequest]) -> float:
         return self.iteration_s(batch)
+
+    def accumulator(self) -> "ModelCostAccumulator":
+        """An empty running price (see `ModelCostAccumulator`)."""
+        return ModelCostAccumulator(self)
+
+    def alone_s(self, prefill: np.ndarray, new_tokens: np.ndarray, context_tokens: np.ndarray,
+                host_slots: np.ndarray) -> np.ndarray:
+        """The iteration time of each request priced alone, for a column of requests: exactly
+        `ModelCostAccumulator.alone` per request (the same float operations in the same order,
+        elementwise, so bit for bit). Token columns are integer arrays."""
+        la = np.maximum(context_tokens, new_tokens)
+        lnla = new_tokens * la
+        pre, dec = self.prefill, self.decode
+        prefill_s = pre.a0 * new_tokens + pre.a1 * lnla + pre.b
+        decode_s = dec.a0 * new_tokens + dec.a1 * lnla + dec.b
+        exec_s = 0.0 + np.where(prefill, prefill_s, decode_s)
+        swap_s = np.where(host_slots > 0, self.swap_fixed_s + self.swap_per_slot_s * host_slots,
+                          0.0)
+        return np.maximum(exec_s, swap_s)
 
     @classmethod
     def from_engine_profile(cls, profile: EngineProfile, *, kv_bytes_per_token: int = 131072,
@@ -105,7 +124,7 @@ class BrosCostModel:
         return cls(pre, dec, swap_fixed_s, swap_per_slot_s)
 
 
-class _ModelCost:
+class ModelCostAccumulator:
     """Running sums so the selector prices each candidate in O(1) instead of re-pricing the batch."""
 
     __slots__ = ("m", "p_n", "p_ln", "p_lnla", "d_n", "d_ln", "d_lnla", "host")
@@ -116,23 +135,26 @@ class _ModelCost:
         self.d_n = self.d_ln = self.d_lnla = 0
         self.host = 0
 
-    def _add(self, r: BrosRequest, sign: int) -> None:
-        la = max(r.context_tokens, r.new_tokens)
-        if r.prefill:
+    def add(self, prefill: bool, new_tokens: int, context_tokens: int, host_slots: int,
+            sign: int) -> None:
+        """Push (sign 1) or pop (sign -1) a request given by its fields: the column selector
+        (`column_selection`) has no `BrosRequest` to push."""
+        la = max(context_tokens, new_tokens)
+        if prefill:
             self.p_n += sign
-            self.p_ln += sign * r.new_tokens
-            self.p_lnla += sign * r.new_tokens * la
+            self.p_ln += sign * new_tokens
+            self.p_lnla += sign * new_tokens * la
         else:
             self.d_n += sign
-            self.d_ln += sign * r.new_tokens
-            self.d_lnla += sign * r.new_tokens * la
-        self.host += sign * r.host_slots
+            self.d_ln += sign * new_tokens
+            self.d_lnla += sign * new_tokens * la
+        self.host += sign * host_slots
 
     def push(self, r: BrosRequest) -> None:
-        self._add(r, 1)
+        self.add(r.prefill, r.new_tokens, r.context_tokens, r.host_slots, 1)
 
     def pop(self, r: BrosRequest) -> None:
-        self._add(r, -1)
+        self.add(r.prefill, r.new_tokens, r.context_tokens, r.host_slots, -1)
 
     def alone(self, r: BrosRequest) -> float:
         """`value()` of a batch of `r` alone (what push, value, pop on an empty accumulator
@@ -180,7 +202,7 @@ def cost_accumulator(cost: BrosCostModel | Callable[[Sequence[BrosRequest]], flo
     """A running price of a growing batch (`push`, `pop`, `value`) for the selector to probe
     candidates with."""
     if isinstance(cost, BrosCostModel):
-        return _ModelCost(cost)
+        return ModelCostAccumulator(cost)
     if callable(cost):
         return _CallableCost(cost)
     raise TypeError(f"cost must be a BrosCostModel or a callable, got {type(cost).__name__}")

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from timelyllm_ros.core.engine.base import EngineNeeds
 from timelyllm_ros.core.policies.builtin import TimelyPolicy
 from timelyllm_ros.core.policies.registry import PolicyDefinition
-from timelyllm_ros.core.sched.interface import (CandidateAdmission, GenerationInfo, Policy,
-                                                SchedulerContext, StepInfo)
+from timelyllm_ros.core.sched.interface import (AdmissionPass, CandidateAdmission, GenerationInfo,
+                                                Policy, SchedulerContext, StepInfo)
 from timelyllm_ros.core.sched.queue_view import QueueView
 from timelyllm_ros.papers.common import engine_profile, kv_blocks_ok
+
+if TYPE_CHECKING:
+    from timelyllm_ros.papers.bros.column_selection import ColumnSelection, RequestColumns
+    from timelyllm_ros.papers.bros.selection import Selection
 
 
 def _service_class(*, urgent: bool, deadline_s: float, now: float, tokens_left: int,
@@ -69,48 +73,30 @@ class BrosAdmission(CandidateAdmission):
         self.rt_room = engine.rt_room_blocks if isinstance(engine, BidirectionalKvEngine) \
             else None
         self.displaces = policy.displace_be and self.rt_room is None
-        self.rt_keys: set = set()
+        # The queued generations this pass selected, and those of them that are RT.
+        self.allowed: set = set()
+        self.selected_rt: set = set()
         # Room only RT generations have: overwritable BE slots, or BE blocks to preempt.
         self.rt_extra_blocks = 0
         self.be_victims: list[tuple[str, int]] = []  # (key, private blocks), newest first
-        self.allowed: set = set()
-        self.last_selection = None
+        self._selection: ColumnSelection | None = None
 
-    def begin_pass(self, p) -> None:
-        from timelyllm_ros.papers.bros.requests import BE, RT, segment_request
+    def begin_pass(self, p: AdmissionPass) -> None:
         t_avg = self.scheduler.t_avg_s
         be_slack = self.policy.be_slack_s
-        rt, be = [], []
+        running = p.running
         self.be_victims = []
-        per_skill_set = Counter(g.skill_set for g in p.running)
-        for g in p.running:
+        per_skill_set = Counter(g.skill_set for g in running)
+        running_rt = []
+        for g in running:
             k = max(1, g.remaining_tokens)
-            kind = _service_class(urgent=g.is_urgent, deadline_s=g.deadline_s, now=p.now,
-                                  tokens_left=k, t_avg_s=t_avg, be_slack_s=be_slack)
-            r = segment_request(("run", g.key), now_s=p.now, reference_s=p.now,
-                                deadline_s=g.deadline_s, tokens_left=k, prefill=False,
-                                new_tokens=1, context_tokens=g.context_tokens, kind=kind)
-            (rt if kind == "rt" else be).append(r)
-            if kind != "rt" and self.displaces:
+            is_rt = _service_class(urgent=g.is_urgent, deadline_s=g.deadline_s, now=p.now,
+                                   tokens_left=k, t_avg_s=t_avg, be_slack_s=be_slack) == "rt"
+            running_rt.append(is_rt)
+            if not is_rt and self.displaces:
                 self.be_victims.append((g.key, self._private_blocks(g, per_skill_set)))
         self.be_victims.reverse()  # p.running is in admission order
-        view, rows = p.view, p.rows
-        deadline_col = view.reference_s[rows] + view.ert_s[rows]
-        bound_col = np.maximum(view.bound_tokens[rows], 1)
-        # `_service_class` for every queued row at once (the same arithmetic, in the same order).
-        slack = deadline_col - p.now - (bound_col - 1) * t_avg
-        is_rt = view.is_urgent[rows].astype(bool) | ~(slack > be_slack)  # (NaN slack: RT)
-        kinds = np.where(is_rt, RT, BE).tolist()
-        deadline, bound = deadline_col.tolist(), bound_col.tolist()
-        ctx_tokens = view.context_tokens[rows].tolist()
-        prefill = np.maximum(view.prefill_tokens[rows], 1).tolist()
-        for j, key in enumerate(p.keys):
-            kind = kinds[j]
-            r = segment_request(key, now_s=p.now, reference_s=p.now, deadline_s=deadline[j],
-                                tokens_left=bound[j], prefill=True, new_tokens=prefill[j],
-                                context_tokens=ctx_tokens[j], kind=kind)
-            (rt if kind == "rt" else be).append(r)
-        self.rt_keys = {r.req_id for r in rt}
+        requests = _pass_requests(p, running_rt, t_avg, be_slack)
         self.rt_extra_blocks = 0
         if self.rt_room is not None:
             self.rt_extra_blocks = max(0, self.rt_room() - p.free_kv_blocks)
@@ -118,9 +104,19 @@ class BrosAdmission(CandidateAdmission):
             self.rt_extra_blocks = sum(blocks for _, blocks in self.be_victims)
         oracle = _FreeSlots(p.free_kv_blocks * self.block_size,
                             (p.free_kv_blocks + self.rt_extra_blocks) * self.block_size)
-        sel = self.scheduler.select(rt, be, blocks=oracle)
-        self.last_selection = sel
-        self.allowed = {r.req_id for r in sel.batch if not isinstance(r.req_id, tuple)}
+        sel = self.scheduler.select_columns(requests, blocks=oracle)
+        self._selection = sel
+        # Rows from len(running) on are the queued generations (the rest are already running).
+        queued_from = len(running)
+        ids = requests.req_ids
+        self.allowed = {ids[i] for i in sel.batch if i >= queued_from}
+        self.selected_rt = {ids[i] for i in sel.rt if i >= queued_from}
+
+    @property
+    def last_selection(self) -> "Selection | None":
+        """The last pass's selection, with a `BrosRequest` per request (built on demand: the
+        pass itself selects on columns)."""
+        return None if self._selection is None else self._selection.to_selection()
 
     def shortlist(self):
         """The generations this iteration's selection chose (the walk skips the rest)."""
@@ -134,7 +130,7 @@ class BrosAdmission(CandidateAdmission):
     def may_admit_candidate(self, batch, candidate, free_kv_blocks):
         if candidate.key not in self.allowed:
             return False, "not selected by BROS this iteration"
-        if candidate.key in self.rt_keys and self.rt_room is not None:
+        if candidate.key in self.selected_rt and self.rt_room is not None:
             # FindPreemptBlock: overwritable BE slots count (the engine checks the real need).
             free_kv_blocks = (self._with_shared_prompt(batch, candidate, free_kv_blocks)
                               + self.rt_extra_blocks)
@@ -143,8 +139,7 @@ class BrosAdmission(CandidateAdmission):
     def displacement_for(self, batch, candidate, free_kv_blocks) -> list[str]:
         """BE generations to preempt by recompute so that a selected RT candidate fits (newest
         first, only as many as it needs); none if even all of them would not make room."""
-        if not self.displaces or candidate.key not in self.allowed \
-                or candidate.key not in self.rt_keys:
+        if not self.displaces or candidate.key not in self.selected_rt:
             return []
         room = self._with_shared_prompt(batch, candidate, free_kv_blocks)
         live = {g.key for g in batch}
@@ -178,6 +173,40 @@ class BrosAdmission(CandidateAdmission):
 
     def note_step(self, duration_s: float | None = None, batch_size: int | None = None) -> None:
         pass
+
+
+def _pass_requests(p: AdmissionPass, running_rt: list[bool], t_avg_s: float,
+                   be_slack_s: float) -> "RequestColumns":
+    """The pass's requests as BROS sees them, as columns (what `segment_request` gives per
+    request, computed with the same operations): the running batch first, as decode requests
+    (k = tokens left in its segment; `running_rt` holds their classes), then the queued
+    generations in walk order, as prefills (Ln = estimated uncached prompt tokens). Slack counts
+    from now: t_since = now - now = 0 and T_SLO = deadline - now."""
+    from timelyllm_ros.papers.bros.column_selection import RequestColumns
+    view, rows, now, running = p.view, p.rows, p.now, p.running
+    deadline = view.reference_s[rows] + view.ert_s[rows]
+    bound = np.maximum(view.bound_tokens[rows], 1)
+    # `_service_class` for every queued row at once (the same arithmetic, in the same order).
+    slack = deadline - now - (bound - 1) * t_avg_s
+    queued_rt = view.is_urgent[rows] | ~(slack > be_slack_s)  # (NaN slack: RT)
+    n_running, n = len(running), len(running) + len(rows)
+    prefill = np.zeros(n, dtype=bool)
+    prefill[n_running:] = True
+    return RequestColumns(
+        req_ids=[("run", g.key) for g in running] + list(p.keys),
+        is_rt=np.concatenate([np.array(running_rt, dtype=bool), queued_rt]),
+        prefill=prefill,
+        new_tokens=np.concatenate([np.ones(n_running, dtype=np.int64),
+                                   np.maximum(view.prefill_tokens[rows], 1)]),
+        context_tokens=np.concatenate([
+            np.array([g.context_tokens for g in running], dtype=np.int64),
+            view.context_tokens[rows]]),
+        t_since_token_s=np.zeros(n),
+        tokens_left=np.concatenate([
+            np.array([max(1, g.remaining_tokens) for g in running], dtype=np.int64), bound]),
+        slo_s=np.concatenate([np.array([g.deadline_s for g in running], dtype=np.float64) - now,
+                              deadline - now]),
+        host_slots=np.zeros(n, dtype=np.int64))
 
 
 class _FreeSlots:

@@ -3,7 +3,9 @@
 `select_batch` is the priority packing: RT requests by slack, then BE requests by how much of
 their KV sits in host memory, replacing the least urgent RT requests when the batch is full.
 `AdaptiveBatchSize` and `BrosScheduler` wrap it with the TCP-like batch limit and the
-moving-average iteration time.
+moving-average iteration time. `column_selection.select_columns` makes the same selection on
+numpy request columns (what the admission pass uses, with hundreds of queued requests per
+iteration); `select_batch` is the reference it is tested against.
 
 Interpretation choices (the paper leaves them open; each is marked where it is coded): the
 selection guards of the digest - a displaced RT request must still meet its own deadline one
@@ -17,10 +19,13 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Hashable, Iterable, Protocol
+from typing import TYPE_CHECKING, Hashable, Iterable, Protocol
 
 from timelyllm_ros.papers.bros.cost_model import cost_accumulator
 from timelyllm_ros.papers.bros.requests import BE, RT, TIME_TOLERANCE_S, BrosRequest
+
+if TYPE_CHECKING:
+    from timelyllm_ros.papers.bros.column_selection import ColumnSelection, RequestColumns
 
 
 class SlotOracle(Protocol):
@@ -152,7 +157,7 @@ def select_batch(rt_requests: Iterable[BrosRequest], be_requests: Iterable[BrosR
             acc.pop(r)
             est = acc.value()
             if (n <= batch_limit and est <= tres + TIME_TOLERANCE_S
-                    and _can_defer(r, slack[id(r)], est, t_avg_s)):
+                    and can_defer(slack[id(r)], est, t_avg_s)):
                 chosen_rt.pop()
                 claimed_rt -= r.slots_needed
                 budget_left += r.new_tokens
@@ -173,8 +178,10 @@ def select_batch(rt_requests: Iterable[BrosRequest], be_requests: Iterable[BrosR
                      late_served=late_served)
 
 
-def _can_defer(r: BrosRequest, slack_s: float, this_iter_s: float, t_avg_s: float) -> bool:
-    # Deferred, r's token comes at the earliest one (average) iteration after this one.
+def can_defer(slack_s: float, this_iter_s: float, t_avg_s: float) -> bool:
+    """Whether an RT request of slack `slack_s` may be displaced from a batch estimated at
+    `this_iter_s`: deferred, its token comes one (average) iteration after this one at the
+    earliest."""
     return slack_s + TIME_TOLERANCE_S >= this_iter_s + t_avg_s
 
 
@@ -222,10 +229,25 @@ class BrosScheduler:
         sel = select_batch(rt_requests, be_requests, cost=self.cost, t_avg_s=self.t_avg_s,
                            batch_limit=self.batch.current, blocks=blocks,
                            token_budget=self.token_budget)
-        self.batch.update(sel.hit, sel.est_iter_s, sel.tres_s)
-        self.iterations += 1
-        self.hits += int(sel.hit)
+        self._account(sel.hit, sel.est_iter_s, sel.tres_s)
         return sel
+
+    def select_columns(self, requests: "RequestColumns",
+                       blocks: SlotOracle | None = None) -> "ColumnSelection":
+        """`select` on request columns (`column_selection`): the same selection and the same
+        accounting, without a `BrosRequest` per request. Needs a `BrosCostModel`."""
+        # Imported here: column_selection builds on this module (Selection, can_defer).
+        from timelyllm_ros.papers.bros.column_selection import select_columns
+        sel = select_columns(requests, cost=self.cost, t_avg_s=self.t_avg_s,
+                             batch_limit=self.batch.current, blocks=blocks,
+                             token_budget=self.token_budget)
+        self._account(sel.hit, sel.est_iter_s, sel.tres_s)
+        return sel
+
+    def _account(self, hit: bool, est_iter_s: float, tres_s: float) -> None:
+        self.batch.update(hit, est_iter_s, tres_s)
+        self.iterations += 1
+        self.hits += int(hit)
 
     def observe(self, iteration_s: float) -> None:
         """Feed the measured duration of the iteration just run (T_avg is an EMA of these)."""
