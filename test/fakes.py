@@ -88,7 +88,9 @@ def make(policy="timelyllm", engine=None, exec_model=None, skill_sets=None, **co
     engine = engine or SimulatedEngine()
     listener = Listener()
     cfg = SchedulerConfig(network_latency_s=LATENCY, **config)
-    sch = SegmentScheduler(engine, get_policy(policy), skill_sets or NO_OBSERVATIONS,
+    # A policy name, or a policy instance (one built with parameters).
+    policy = get_policy(policy) if isinstance(policy, str) else policy
+    sch = SegmentScheduler(engine, policy, skill_sets or NO_OBSERVATIONS,
                            exec_model or ExecutionTimeModel.from_yaml(EXEC_MODEL_PATH),
                            listener, cfg)
     sch.warm_prefix_cache()

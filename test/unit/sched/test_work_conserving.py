@@ -158,11 +158,12 @@ def _cand(segment_index, blocks=1):
     return Candidate("c", 9, 100, 10, 10, blocks, 5.0, False, segment_index)
 
 
-def _speed(steps):
-    model = BatchSpeedModel()
+def _admission(steps, **kwargs):
+    """A ResponseFirstAdmission that has seen `steps` (batch size, seconds) from the engine."""
+    adm = ResponseFirstAdmission(speed_model=BatchSpeedModel(), **kwargs)
     for batch, seconds in steps:
-        model.record(batch, seconds)
-    return model
+        adm.note_step(seconds, batch)
+    return adm
 
 
 def _pass(running, now=0.0, rate=40.0):
@@ -172,8 +173,8 @@ def _pass(running, now=0.0, rate=40.0):
 
 def test_resumes_are_refused_while_responses_run_on_a_slow_batch():
     # 20 ms at batch 1, +1 ms per sequence: fastest 20 ms, cap 1.5 x 20 = 30 ms -> batch <= 11.
-    speed = _speed([(b, 0.020 + 0.001 * (b - 1)) for b in (1, 4, 8, 16, 1, 4, 8, 16)])
-    adm = ResponseFirstAdmission(step_factor=1.5, speed_model=speed)
+    steps = [(b, 0.020 + 0.001 * (b - 1)) for b in (1, 4, 8, 16, 1, 4, 8, 16)]
+    adm = _admission(steps, step_factor=1.5)
     response = _gen("r", 0, deadline=1.0)
     small = [response] + [_gen(f"s{i}", 2, 9.0) for i in range(5)]
     large = [response] + [_gen(f"s{i}", 2, 9.0) for i in range(14)]
@@ -190,7 +191,7 @@ def test_resumes_are_refused_while_responses_run_on_a_slow_batch():
     adm.begin_pass(_pass(resumes))
     assert adm.may_admit_candidate(resumes, _cand(1), 100)[0]
     # Holding the cap between responses: the next response will join this batch.
-    held = ResponseFirstAdmission(step_factor=1.5, speed_model=speed, cap_between_responses=True)
+    held = _admission(steps, step_factor=1.5, cap_between_responses=True)
     held.begin_pass(_pass(resumes))
     ok, why = held.may_admit_candidate(resumes, _cand(1), 100)
     assert not ok and "resume refused" in why
@@ -199,8 +200,7 @@ def test_resumes_are_refused_while_responses_run_on_a_slow_batch():
 
 
 def test_running_resumes_are_asked_to_yield_only_while_the_step_is_over_the_cap():
-    speed = _speed([(b, 0.020 + 0.001 * (b - 1)) for b in (1, 4, 8, 16)])
-    adm = ResponseFirstAdmission(step_factor=1.5, speed_model=speed)
+    adm = _admission([(b, 0.020 + 0.001 * (b - 1)) for b in (1, 4, 8, 16)], step_factor=1.5)
     batch = [_gen("r", 0, deadline=1.0), _gen("s", 2, 9.0)]
     # Measured step 50 ms > 30 ms cap: everything ranked below a response yields.
     bar = adm.yield_below(batch, 0.0, rate=1 / 0.050)
@@ -242,3 +242,106 @@ def test_the_default_policy_keeps_preserved_kv_and_frees_it_at_the_end():
     assert sch.pause_counts[PRESERVE] >= 1
     assert eng.pinned_blocks() == 0
     assert_no_leaks(sch, eng)
+
+
+def test_the_step_cap_stays_anchored_at_the_fastest_step_in_overload():
+    """In overload the batch never gets small. The cap's reference is the fastest step measured
+    so far, not the recent steps' line extrapolated to a batch of one: that swung with every
+    noisy window (to zero at times, which lifted the cap and let every queued resume in)."""
+    rng = np.random.default_rng(3)
+    light = [(b, 0.021 + 0.0004 * b) for b in (1, 2, 3)]
+    # Overloaded steps: batch 80-100, 50-110 ms, prefill bursts making the slope steep.
+    heavy = [(int(b), 0.050 + 0.003 * (b - 80) + float(rng.uniform(0, 0.03)))
+             for b in rng.integers(80, 101, size=200)]
+    adm = _admission(light + heavy, step_factor=1.5)
+    response = _gen("r", 0, deadline=1.0)
+    batch = [response] + [_gen(f"s{i}", 2, 9.0) for i in range(90)]
+    adm.begin_pass(_pass(batch))
+    ok, why = adm.may_admit_candidate(batch, _cand(1), 1000)
+    assert not ok and why.endswith(f"over {1.5 * 21.4:.1f} ms while responses run"), why
+    # Running resumes yield while the measured step is over it.
+    assert adm.yield_below(batch, 0.0, rate=1 / 0.040) is not None
+    assert adm.yield_below(batch, 0.0, rate=1 / 0.030) is None
+    # The extrapolation the cap used to take does fall to zero on such a window.
+    assert adm.speed_model.step_time_s(1) == 0.0
+    # Before the engine has run a step there is nothing to cap against.
+    fresh = _admission([], step_factor=1.5)
+    fresh.begin_pass(_pass([response]))
+    assert fresh.may_admit_candidate([response], _cand(1), 1000)[0]
+
+
+def test_resumes_do_not_yield_for_the_cap_while_a_response_waits_for_kv():
+    """A resume that yields while a response waits for KV blocks hands its blocks to that
+    response, and its prefix leaves the cache: its resume would recompute its whole context."""
+    adm = _admission([(b, 0.020 + 0.001 * (b - 1)) for b in (1, 4, 8, 16)], step_factor=1.5)
+    batch = [_gen("r", 0, deadline=1.0), _gen("s", 2, 9.0)]
+    slow = 1 / 0.050  # measured step 50 ms, over the 30 ms cap
+    adm.begin_pass(_pass(batch, now=1.0))
+    ok, why = adm.may_admit_candidate(batch, _cand(0, blocks=8), 4)
+    assert not ok and why.startswith("kv blocks")
+    assert adm.yield_below(batch, 1.0, rate=slow) is None
+    # A resume refused for KV does not lift the cap: only a waiting response does.
+    adm.begin_pass(_pass(batch, now=2.0))
+    assert not adm.may_admit_candidate(batch, _cand(1, blocks=8), 4)[0]
+    assert adm.yield_below(batch, 2.0, rate=slow) is not None
+    # Nor does a refusal in an earlier pass.
+    assert adm.yield_below(batch, 3.0, rate=slow) is not None
+
+
+def _holding(**kwargs):
+    """An admission controller that has seen 25 ms steps and prices a prefill at 0.1 ms/token."""
+    adm = _admission([(4, 0.025)] * 4, prefill_cost_s=lambda tokens: 1e-4 * tokens, **kwargs)
+    adm.begin_pass(_pass([], now=10.0, rate=1 / 0.025))
+    return adm
+
+
+def _response(deadline, prefill_tokens):
+    return Candidate("c", 9, prefill_tokens, 10, prefill_tokens, 1, deadline, False, 0)
+
+
+def test_a_response_due_later_waits_while_one_due_earlier_is_on_its_first_segment():
+    adm = _holding()
+    urgent = _gen("u", 0, deadline=10.2)
+    # 2,000 tokens = 200 ms of prefill: all of the urgent response's 200 ms of slack. The
+    # candidate is due in 1 s and needs 0.2 + 8 x 0.025 s alone: it can wait until 10.2 s.
+    ok, why = adm.may_admit_candidate([urgent], _response(11.0, 2000), 100)
+    assert not ok and why.startswith("response held") and "u, due earlier" in why
+    # Held only for a response still on its first segment, due earlier, not yet late.
+    assert adm.may_admit_candidate([_gen("u", 1, deadline=10.2)], _response(11.0, 2000), 100)[0]
+    assert adm.may_admit_candidate([_gen("u", 0, deadline=11.5)], _response(11.0, 2000), 100)[0]
+    assert adm.may_admit_candidate([_gen("u", 0, deadline=9.9)], _response(11.0, 2000), 100)[0]
+    # A prefill under a tenth of the slack cannot be what makes it late: no hold.
+    assert adm.may_admit_candidate([urgent], _response(11.0, 150), 100)[0]
+    # A candidate that could not make its own deadline after waiting goes now.
+    assert adm.may_admit_candidate([urgent], _response(10.5, 2000), 100)[0]
+    # Switched off, or without a cost profile to price the prefill: nothing is held.
+    assert _holding(hold_share=None).may_admit_candidate([urgent], _response(11.0, 2000), 100)[0]
+    blind = _admission([(4, 0.025)] * 4)
+    blind.begin_pass(_pass([], now=10.0, rate=1 / 0.025))
+    assert blind.may_admit_candidate([urgent], _response(11.0, 2000), 100)[0]
+    with pytest.raises(ValueError, match="hold_share"):
+        ResponseFirstAdmission(hold_share=-1.0)
+
+
+def test_holding_long_prefills_gets_an_urgent_task_that_arrives_with_them_out_sooner():
+    """Three tasks of one event arrive together: an urgent drone and two normal tasks, each with
+    a long scene of its own. Prefilled together, the urgent one waits for all three prompts."""
+    scene = " ".join(f"object{i} at {i % 7} {i % 5} on the shelf" for i in range(250))
+
+    def run(**params):
+        sch, eng, lis = make(get_policy(DEFAULT_POLICY, **params))
+        # A planner that has run a while (the hold needs a measured step time).
+        sch.submit(spec("warm", 1, eng))
+        drive(sch, eng, lis)
+        urgent = sch.submit(spec("u", 1, eng, level="urgent"))
+        normal = [sch.submit(spec(f"n{i}", 2, eng, scene=scene)) for i in range(2)]
+        drive(sch, eng, lis)
+        assert all(t.state == "done" for t in [urgent, *normal])
+        assert_no_leaks(sch, eng)
+        return urgent.response_time_s, [t.response_time_s for t in normal]
+
+    held_urgent, held_normal = run()
+    together_urgent, together_normal = run(prefill_hold_share=None)
+    assert held_urgent < 0.75 * together_urgent, (held_urgent, together_urgent)
+    # The normal tasks pay for it, within their own deadline (ERT 1 s).
+    assert max(held_normal) > max(together_normal) and max(held_normal) < NORMAL.ert_s

@@ -12,9 +12,14 @@ policy keeps TimelyLLM's priority (PUD scaled by slack, Eq. 4) and changes when 
   rank above every resume; PUD orders each class.
 - **Resumes do not slow responses.** While a response runs, a resume is admitted only while
   the step with it stays within `response_step_factor` times the fastest step the engine has
-  shown, and running resumes yield at their next boundary while the step is over that
-  (`cap_between_responses` holds the cap at every step). A first segment is admitted whenever
-  KV blocks and slots allow: making it wait in the queue is what costs utility.
+  shown, and running resumes yield at their next boundary while the step is over that and no
+  response waits for KV blocks (`cap_between_responses` holds the cap at every step). A first
+  segment is admitted whenever KV blocks and slots allow (but for the hold below): making it
+  wait in the queue is what costs utility.
+- **Prefills that would make an earlier response late wait.** Tasks that arrive together, each
+  with its own context, share their prefill steps; a response due later is held while one due
+  earlier is on its first segment, if its prefill is a real share of that one's slack and it
+  can wait and still make its own deadline (`ResponseFirstAdmission._response_to_protect`).
 - **Work-conserving suspension** (`Policy.suspend_when = "contended"`): a generation is suspended
   at a segment boundary only when the last admission pass refused a generation that ranks above
   it; otherwise it keeps generating and its segments go out as they complete, as streaming does.
@@ -26,7 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -50,31 +55,53 @@ class ResponseFirstAdmission(CandidateAdmission):
 
     Every token of a running first segment is on a task's response time, and every sequence in
     the batch lengthens each step. So the batch is kept at a step time of at most `step_factor`
-    times the fastest step the engine has shown (the batch of one, predicted by
-    `BatchSpeedModel`): a resume is admitted only if the step with it stays under that, and
-    running resumes are asked to yield at their next boundary while the measured step is over
-    it, while a response due within `horizon_s` runs; otherwise resumes run as fast as the
-    batch allows. With `cap_between_responses` the cap holds at every step, since a response
-    can arrive at any moment and joins whatever batch is running."""
+    times the fastest step the engine has shown (the shortest step measured so far: in overload
+    the batch never gets small, and extrapolating the recent steps' line down to a batch of one
+    swung the cap from step to step, to zero at times, which let every queued resume in at
+    once; docs/bench.md, "The step cap"): a resume is admitted only if the step with it
+    (predicted by `BatchSpeedModel`) stays under that, and running resumes are asked to yield
+    at their next boundary while the measured step is over it, while a response due within
+    `horizon_s` runs and no response waits for KV blocks (a yield then costs a recompute of
+    the resume's whole context); otherwise resumes run as fast as the batch allows. With
+    `cap_between_responses` the cap holds at every step, since a response can arrive at any
+    moment and joins whatever batch is running. Responses themselves may be held: see
+    `_response_to_protect`."""
 
     # The walk stops at the first refusal, as vLLM's waiting queue does: first segments rank
     # above every resume, and once one resume is refused for the step cap every later one is
     # (the batch only grows during a pass), so walking on would only cost time in overload.
     skip_refused = False
 
-    def __init__(self, max_num_seqs: int | None = None, step_factor: float = 1.5,
+    def __init__(self, max_num_seqs: int | None = None, step_factor: float = 1.75,
                  horizon_s: float = 5.0, *, speed_model: BatchSpeedModel | None = None,
-                 cap_between_responses: bool = False):
+                 cap_between_responses: bool = False,
+                 prefill_cost_s: Callable[[int], float] | None = None,
+                 hold_share: float | None = 0.1, first_segment_steps: int = 8):
         if not (step_factor >= 1 and math.isfinite(step_factor)):
             raise ValueError(f"step_factor: must be a finite number >= 1, got {step_factor!r}")
+        if hold_share is not None and not (0 <= hold_share and math.isfinite(hold_share)):
+            raise ValueError(
+                f"hold_share: must be a finite number >= 0 or None, got {hold_share!r}")
+        if first_segment_steps < 1:
+            raise ValueError(f"first_segment_steps: must be >= 1, got {first_segment_steps!r}")
         self.max_num_seqs = max_num_seqs
         self.step_factor = float(step_factor)
         self.horizon_s = float(horizon_s)
         self.speed_model = speed_model if speed_model is not None else BatchSpeedModel()
         self._step_cap_s: float | None = None
+        self._fastest_step_s: float | None = None
+        self._pass_s: float | None = None
+        self._response_refused_kv_s: float | None = None
         self.cap_between_responses = bool(cap_between_responses)
+        # The prefill hold (_response_to_protect).
+        self.prefill_cost_s = prefill_cost_s
+        self.hold_share = hold_share
+        self.first_segment_steps = int(first_segment_steps)
+        self._pass_rate: float | None = None
 
     def begin_pass(self, admission_pass: AdmissionPass) -> None:
+        self._pass_s = admission_pass.now
+        self._pass_rate = admission_pass.rate
         self._step_cap_s = self._cap(admission_pass.running, admission_pass.now)
 
     def _cap(self, running: Sequence[RunningGen], now: float) -> float | None:
@@ -86,16 +113,22 @@ class ResponseFirstAdmission(CandidateAdmission):
         if not self.cap_between_responses and not any(
                 g.segment_index == 0 and g.deadline_s <= due for g in running):
             return None
-        fastest = self.speed_model.step_time_s(1)
-        return None if fastest is None or fastest <= 0 else self.step_factor * fastest
+        fastest = self._fastest_step_s
+        return None if fastest is None else self.step_factor * fastest
 
     def may_admit_candidate(self, batch: Sequence[RunningGen], candidate: Candidate,
                             free_kv_blocks: int) -> tuple[bool, str]:
         if candidate.blocks_needed > free_kv_blocks:
+            if candidate.segment_index == 0:
+                self._response_refused_kv_s = self._pass_s
             return False, f"kv blocks: need {candidate.blocks_needed}, free {free_kv_blocks}"
         if self.max_num_seqs is not None and len(batch) >= self.max_num_seqs:
             return False, f"all {self.max_num_seqs} slots taken"
         if candidate.segment_index == 0:
+            protected = self._response_to_protect(batch, candidate)
+            if protected is not None:
+                return False, (f"response held: its {candidate.prefill_tokens}-token prefill "
+                               f"would delay {protected.key}, due earlier, and it can wait")
             return True, "a response: admitted whenever it fits"
         cap = self._step_cap_s
         if cap is None:
@@ -106,8 +139,47 @@ class ResponseFirstAdmission(CandidateAdmission):
                            f"{step * 1e3:.1f} ms, over {cap * 1e3:.1f} ms while responses run")
         return True, "responses stay fast"
 
+    def _response_to_protect(self, batch: Sequence[RunningGen],
+                             candidate: Candidate) -> RunningGen | None:
+        """A running response that admitting `candidate` now would make late, if it should be
+        held for it (else None).
+
+        A step's prefill is shared by every sequence in it: tasks that arrive together, each
+        with its own context (a scene, the robot's history), are prefilled in the same steps,
+        and an urgent one gets its first segment only after all of them (mixed-fleet-long: 371
+        ms for urgent drones against ~150 ms alone). So a response due later is held while a
+        response due earlier is still on its first segment, if the candidate's prefill is a
+        real share (`hold_share`) of that response's remaining slack, and the candidate can
+        wait until that deadline and still make its own alone (prefill plus
+        `first_segment_steps` steps at the measured speed). Needs the engine's cost profile to
+        price a prefill; without one nothing is held."""
+        if self.prefill_cost_s is None or self.hold_share is None or self._pass_s is None:
+            return None
+        now = self._pass_s
+        rate = self._pass_rate
+        step = 1.0 / rate if rate is not None and rate > 0 else self._fastest_step_s
+        if step is None:
+            return None
+        prefill = self.prefill_cost_s(candidate.prefill_tokens)
+        alone = prefill + self.first_segment_steps * step
+        own_slack = candidate.deadline_s - now
+        for g in batch:
+            if g.segment_index != 0 or not now < g.deadline_s < candidate.deadline_s:
+                continue
+            slack = g.deadline_s - now
+            if prefill >= self.hold_share * slack and own_slack > slack + alone:
+                return g
+        return None
+
     def yield_below(self, running: Sequence[RunningGen], now: float,
                     rate: float | None) -> float | None:
+        # While a response waits for KV blocks (refused in this pass), whatever a yielding
+        # resume frees goes to it and the resume's prefix leaves the cache: its resume would
+        # prefill its whole context again, in steps that carry responses. Measured on the KV-
+        # limited profiles (docs/bench.md, "The step cap"): fp8-rtx4080 mixed-fleet-long
+        # -0.304 with these yields, 0.422 without.
+        if self._response_refused_kv_s == now:
+            return None
         cap = self._cap(running, now)
         if cap is None or rate is None or not rate > 0:
             return None
@@ -117,6 +189,9 @@ class ResponseFirstAdmission(CandidateAdmission):
     def note_step(self, duration_s: float | None = None, batch_size: int | None = None) -> None:
         if duration_s is not None and batch_size is not None:
             self.speed_model.record(int(batch_size), duration_s)
+            if batch_size > 0 and duration_s > 0 and (
+                    self._fastest_step_s is None or duration_s < self._fastest_step_s):
+                self._fastest_step_s = float(duration_s)
 
 
 @dataclass
@@ -128,13 +203,18 @@ class WorkConservingTimelyPolicy(TimelyPolicy):
     hopeless: str = "shed"
     latency_guided_admission: bool = False
     # Longest step, as a multiple of the fastest, while first segments run (ResponseFirstAdmission).
-    response_step_factor: float = 1.5
+    response_step_factor: float = 1.75
     # Responses due within this many seconds count as running responses for the step cap
     # (only with cap_between_responses off).
     response_horizon_s: float = 5.0
     # Hold the step cap between responses too (the next response joins the running batch).
     # Off by default: measured mixed (docs/bench.md, "Holding the cap between responses").
     cap_between_responses: bool = False
+    # Hold a response due later while one due earlier is on its first segment, when the held
+    # one's prefill is at least this share of the earlier one's slack (None: never hold).
+    prefill_hold_share: float | None = 0.1
+    # Steps a first segment takes, to judge whether a held response can still make it.
+    first_segment_steps: int = 8
     # Most of the KV cache that preserved pauses may hold (pause_handling).
     preserve_kv_share: float = 0.5
 
@@ -144,9 +224,13 @@ class WorkConservingTimelyPolicy(TimelyPolicy):
         return out
 
     def make_admission(self, ctx: SchedulerContext) -> AdmissionController | None:
+        prefill_cost = ctx.profile.prefill_s if ctx.profile is not None else None
         return ResponseFirstAdmission(ctx.max_num_seqs, self.response_step_factor,
                                       self.response_horizon_s,
-                                      cap_between_responses=self.cap_between_responses)
+                                      cap_between_responses=self.cap_between_responses,
+                                      prefill_cost_s=prefill_cost,
+                                      hold_share=self.prefill_hold_share,
+                                      first_segment_steps=self.first_segment_steps)
 
     def pause_handling(self, pause: PauseInfo) -> str:
         """Preserve (keep the KV: the resume computes one token) while preserved pauses hold
