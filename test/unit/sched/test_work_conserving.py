@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from timelyllm_ros.core.engine.base import DISCARD, PRESERVE
+from timelyllm_ros.core.engine.cost_model import EngineProfile
 from timelyllm_ros.core.policies.registry import DEFAULT_POLICY, get_policy
+from timelyllm_ros.core.policies.prefill_hold import FirstSegmentLengths, PrefillHold
 from timelyllm_ros.core.policies.work_conserving import (ResponseFirstAdmission,
                                                          WorkConservingTimelyPolicy)
 from timelyllm_ros.core.sched.admission import BatchSpeedModel
@@ -288,15 +290,17 @@ def test_resumes_do_not_yield_for_the_cap_while_a_response_waits_for_kv():
     assert adm.yield_below(batch, 3.0, rate=slow) is not None
 
 
-def _holding(**kwargs):
-    """An admission controller that has seen 25 ms steps and prices a prefill at 0.1 ms/token."""
-    adm = _admission([(4, 0.025)] * 4, prefill_cost_s=lambda tokens: 1e-4 * tokens, **kwargs)
-    adm.begin_pass(_pass([], now=10.0, rate=1 / 0.025))
+def _holding(now=10.0, **kwargs):
+    """An admission controller that has seen 25 ms steps and prices a prefill at 0.1 ms/token
+    (first segments: 8 tokens until measured)."""
+    hold = PrefillHold(lambda tokens: 1e-4 * tokens, **kwargs)
+    adm = _admission([(4, 0.025)] * 4, prefill_hold=hold)
+    adm.begin_pass(_pass([], now=now, rate=1 / 0.025))
     return adm
 
 
-def _response(deadline, prefill_tokens):
-    return Candidate("c", 9, prefill_tokens, 10, prefill_tokens, 1, deadline, False, 0)
+def _response(deadline, prefill_tokens, skill_set=""):
+    return Candidate("c", 9, prefill_tokens, 10, prefill_tokens, 1, deadline, False, 0, skill_set)
 
 
 def test_a_response_due_later_waits_while_one_due_earlier_is_on_its_first_segment():
@@ -305,22 +309,63 @@ def test_a_response_due_later_waits_while_one_due_earlier_is_on_its_first_segmen
     # 2,000 tokens = 200 ms of prefill: all of the urgent response's 200 ms of slack. The
     # candidate is due in 1 s and needs 0.2 + 8 x 0.025 s alone: it can wait until 10.2 s.
     ok, why = adm.may_admit_candidate([urgent], _response(11.0, 2000), 100)
-    assert not ok and why.startswith("response held") and "u, due earlier" in why
+    assert not ok and why.startswith("response held") and "make u late" in why
     # Held only for a response still on its first segment, due earlier, not yet late.
     assert adm.may_admit_candidate([_gen("u", 1, deadline=10.2)], _response(11.0, 2000), 100)[0]
     assert adm.may_admit_candidate([_gen("u", 0, deadline=11.5)], _response(11.0, 2000), 100)[0]
     assert adm.may_admit_candidate([_gen("u", 0, deadline=9.9)], _response(11.0, 2000), 100)[0]
-    # A prefill under a tenth of the slack cannot be what makes it late: no hold.
-    assert adm.may_admit_candidate([urgent], _response(11.0, 150), 100)[0]
-    # A candidate that could not make its own deadline after waiting goes now.
-    assert adm.may_admit_candidate([urgent], _response(10.5, 2000), 100)[0]
+    # Half-way through its first segment (4 of 8 tokens: done at 10.1 s), a prefill under a
+    # tenth of its slack that leaves it on time cannot be what makes it late: no hold.
+    halfway = _gen("u", 0, deadline=10.2, tokens=4)
+    assert adm.may_admit_candidate([halfway], _response(11.0, 150), 100)[0]
+    # A candidate that could not make its own deadline after waiting goes now, if it does not
+    # make the earlier one late (done at 10.1 + 0.09 s, due 10.2 s).
+    assert adm.may_admit_candidate([halfway], _response(10.45, 900), 100)[0]
     # Switched off, or without a cost profile to price the prefill: nothing is held.
-    assert _holding(hold_share=None).may_admit_candidate([urgent], _response(11.0, 2000), 100)[0]
     blind = _admission([(4, 0.025)] * 4)
     blind.begin_pass(_pass([], now=10.0, rate=1 / 0.025))
     assert blind.may_admit_candidate([urgent], _response(11.0, 2000), 100)[0]
+    priced = SchedulerContext("sim", 16, 100, 10, profile=EngineProfile())
+    assert get_policy(DEFAULT_POLICY).make_admission(priced).prefill_hold is not None
+    assert get_policy(DEFAULT_POLICY, prefill_hold_share=None).make_admission(
+        priced).prefill_hold is None
+    unpriced = SchedulerContext("vllm", 16, 100, 10)
+    assert get_policy(DEFAULT_POLICY).make_admission(unpriced).prefill_hold is None
     with pytest.raises(ValueError, match="hold_share"):
-        ResponseFirstAdmission(hold_share=-1.0)
+        PrefillHold(lambda tokens: 0.0, hold_share=-1.0)
+    with pytest.raises(ValueError, match="default_tokens"):
+        FirstSegmentLengths(default_tokens=0)
+
+
+def test_a_response_due_at_the_same_time_waits_if_its_prefill_would_make_the_first_late():
+    adm = _holding()
+    first = _gen("u1", 0, deadline=10.2, tokens=4)  # 4 more tokens: done at 10.1 s
+    # Both fit: 10.1 + 0.06 s. Admitted, and its prefill now shares the coming steps.
+    assert adm.may_admit_candidate([first], _response(10.2, 600), 100)[0]
+    # A second one would finish the first at 10.1 + 0.06 + 0.06 s, past 10.2 s: it waits.
+    ok, why = adm.may_admit_candidate([first], _response(10.2, 600), 100)
+    assert not ok and "make u1 late" in why
+    # A prefill under a tenth of its slack is within the error of the finish estimate: even a
+    # response due exactly when its estimate ends does not hold it.
+    assert _holding().may_admit_candidate([_gen("u", 0, deadline=10.2)],
+                                          _response(10.2, 150), 100)[0]
+    # A response that is late anyway is not protected by holding others.
+    assert _holding().may_admit_candidate([_gen("u", 0, deadline=10.15)],
+                                          _response(10.15, 600), 100)[0]
+
+
+def test_first_segments_are_measured_per_skill_set():
+    lengths = FirstSegmentLengths(default_tokens=8, smoothing=0.5)
+    assert lengths.tokens("drone") == 8
+    a = RunningGen("a", 100, 3, 10, 1.0, True, "drone", 0, 0)
+    lengths.observe([a])
+    lengths.observe([dataclasses.replace(a, tokens_this_run=4, segment_index=1)])
+    assert lengths.tokens("drone") == 3  # last seen on its first segment with 3 tokens
+    b = RunningGen("b", 100, 5, 10, 1.0, True, "drone", 0, 0)
+    lengths.observe([b])
+    lengths.observe([])  # gone: paused at a boundary, or done
+    assert lengths.tokens("drone") == pytest.approx(4.0)  # 3 + 0.5 x (5 - 3)
+    assert lengths.tokens("chat") == 8
 
 
 def test_holding_long_prefills_gets_an_urgent_task_that_arrives_with_them_out_sooner():

@@ -17,9 +17,9 @@ policy keeps TimelyLLM's priority (PUD scaled by slack, Eq. 4) and changes when 
   segment is admitted whenever KV blocks and slots allow (but for the hold below): making it
   wait in the queue is what costs utility.
 - **Prefills that would make an earlier response late wait.** Tasks that arrive together, each
-  with its own context, share their prefill steps; a response due later is held while one due
-  earlier is on its first segment, if its prefill is a real share of that one's slack and it
-  can wait and still make its own deadline (`ResponseFirstAdmission._response_to_protect`).
+  with its own context, share their prefill steps; a queued response waits while a running
+  one, due no later, still on its first segment, needs the time its prefill would take
+  (`core.policies.prefill_hold`).
 - **Work-conserving suspension** (`Policy.suspend_when = "contended"`): a generation is suspended
   at a segment boundary only when the last admission pass refused a generation that ranks above
   it; otherwise it keeps generating and its segments go out as they complete, as streaming does.
@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from timelyllm_ros.core.engine.base import DISCARD, PRESERVE
 from timelyllm_ros.core.policies.builtin import TimelyPolicy
+from timelyllm_ros.core.policies.prefill_hold import FirstSegmentLengths, PrefillHold
 from timelyllm_ros.core.sched.admission import BatchSpeedModel
 from timelyllm_ros.core.sched.interface import (AdmissionController, AdmissionPass, Candidate,
                                                 CandidateAdmission, PauseInfo, RunningGen,
@@ -64,8 +65,8 @@ class ResponseFirstAdmission(CandidateAdmission):
     `horizon_s` runs and no response waits for KV blocks (a yield then costs a recompute of
     the resume's whole context); otherwise resumes run as fast as the batch allows. With
     `cap_between_responses` the cap holds at every step, since a response can arrive at any
-    moment and joins whatever batch is running. Responses themselves may be held: see
-    `_response_to_protect`."""
+    moment and joins whatever batch is running. Responses themselves may be held for a pass
+    (`prefill_hold`)."""
 
     # The walk stops at the first refusal, as vLLM's waiting queue does: first segments rank
     # above every resume, and once one resume is refused for the step cap every later one is
@@ -75,15 +76,9 @@ class ResponseFirstAdmission(CandidateAdmission):
     def __init__(self, max_num_seqs: int | None = None, step_factor: float = 1.75,
                  horizon_s: float = 5.0, *, speed_model: BatchSpeedModel | None = None,
                  cap_between_responses: bool = False,
-                 prefill_cost_s: Callable[[int], float] | None = None,
-                 hold_share: float | None = 0.1, first_segment_steps: int = 8):
+                 prefill_hold: PrefillHold | None = None):
         if not (step_factor >= 1 and math.isfinite(step_factor)):
             raise ValueError(f"step_factor: must be a finite number >= 1, got {step_factor!r}")
-        if hold_share is not None and not (0 <= hold_share and math.isfinite(hold_share)):
-            raise ValueError(
-                f"hold_share: must be a finite number >= 0 or None, got {hold_share!r}")
-        if first_segment_steps < 1:
-            raise ValueError(f"first_segment_steps: must be >= 1, got {first_segment_steps!r}")
         self.max_num_seqs = max_num_seqs
         self.step_factor = float(step_factor)
         self.horizon_s = float(horizon_s)
@@ -93,16 +88,16 @@ class ResponseFirstAdmission(CandidateAdmission):
         self._pass_s: float | None = None
         self._response_refused_kv_s: float | None = None
         self.cap_between_responses = bool(cap_between_responses)
-        # The prefill hold (_response_to_protect).
-        self.prefill_cost_s = prefill_cost_s
-        self.hold_share = hold_share
-        self.first_segment_steps = int(first_segment_steps)
-        self._pass_rate: float | None = None
+        # Queued responses that wait for a running one (core.policies.prefill_hold).
+        self.prefill_hold = prefill_hold
 
     def begin_pass(self, admission_pass: AdmissionPass) -> None:
         self._pass_s = admission_pass.now
-        self._pass_rate = admission_pass.rate
         self._step_cap_s = self._cap(admission_pass.running, admission_pass.now)
+        if self.prefill_hold is not None:
+            rate = admission_pass.rate
+            step = 1.0 / rate if rate is not None and rate > 0 else self._fastest_step_s
+            self.prefill_hold.begin_pass(admission_pass.now, step, admission_pass.running)
 
     def _cap(self, running: Sequence[RunningGen], now: float) -> float | None:
         """Longest step that keeps responses fast, or None when no response due within
@@ -125,10 +120,13 @@ class ResponseFirstAdmission(CandidateAdmission):
         if self.max_num_seqs is not None and len(batch) >= self.max_num_seqs:
             return False, f"all {self.max_num_seqs} slots taken"
         if candidate.segment_index == 0:
-            protected = self._response_to_protect(batch, candidate)
+            hold = self.prefill_hold
+            protected = None if hold is None else hold.response_to_protect(batch, candidate)
             if protected is not None:
                 return False, (f"response held: its {candidate.prefill_tokens}-token prefill "
-                               f"would delay {protected.key}, due earlier, and it can wait")
+                               f"would make {protected.key} late")
+            if hold is not None:
+                hold.note_admitted(candidate)
             return True, "a response: admitted whenever it fits"
         cap = self._step_cap_s
         if cap is None:
@@ -138,38 +136,6 @@ class ResponseFirstAdmission(CandidateAdmission):
             return False, (f"resume refused: a step with {len(batch) + 1} sequences would take "
                            f"{step * 1e3:.1f} ms, over {cap * 1e3:.1f} ms while responses run")
         return True, "responses stay fast"
-
-    def _response_to_protect(self, batch: Sequence[RunningGen],
-                             candidate: Candidate) -> RunningGen | None:
-        """A running response that admitting `candidate` now would make late, if it should be
-        held for it (else None).
-
-        A step's prefill is shared by every sequence in it: tasks that arrive together, each
-        with its own context (a scene, the robot's history), are prefilled in the same steps,
-        and an urgent one gets its first segment only after all of them (mixed-fleet-long: 371
-        ms for urgent drones against ~150 ms alone). So a response due later is held while a
-        response due earlier is still on its first segment, if the candidate's prefill is a
-        real share (`hold_share`) of that response's remaining slack, and the candidate can
-        wait until that deadline and still make its own alone (prefill plus
-        `first_segment_steps` steps at the measured speed). Needs the engine's cost profile to
-        price a prefill; without one nothing is held."""
-        if self.prefill_cost_s is None or self.hold_share is None or self._pass_s is None:
-            return None
-        now = self._pass_s
-        rate = self._pass_rate
-        step = 1.0 / rate if rate is not None and rate > 0 else self._fastest_step_s
-        if step is None:
-            return None
-        prefill = self.prefill_cost_s(candidate.prefill_tokens)
-        alone = prefill + self.first_segment_steps * step
-        own_slack = candidate.deadline_s - now
-        for g in batch:
-            if g.segment_index != 0 or not now < g.deadline_s < candidate.deadline_s:
-                continue
-            slack = g.deadline_s - now
-            if prefill >= self.hold_share * slack and own_slack > slack + alone:
-                return g
-        return None
 
     def yield_below(self, running: Sequence[RunningGen], now: float,
                     rate: float | None) -> float | None:
@@ -210,11 +176,12 @@ class WorkConservingTimelyPolicy(TimelyPolicy):
     # Hold the step cap between responses too (the next response joins the running batch).
     # Off by default: measured mixed (docs/bench.md, "Holding the cap between responses").
     cap_between_responses: bool = False
-    # Hold a response due later while one due earlier is on its first segment, when the held
-    # one's prefill is at least this share of the earlier one's slack (None: never hold).
+    # The prefill hold (core.policies.prefill_hold): a response due later waits while one due
+    # earlier is on its first segment, if its prefill is at least this share of that one's
+    # slack (None: no hold).
     prefill_hold_share: float | None = 0.1
-    # Steps a first segment takes, to judge whether a held response can still make it.
-    first_segment_steps: int = 8
+    # Tokens assumed for a skill set's first segment until one has been measured.
+    first_segment_tokens: float = 8.0
     # Most of the KV cache that preserved pauses may hold (pause_handling).
     preserve_kv_share: float = 0.5
 
@@ -224,13 +191,16 @@ class WorkConservingTimelyPolicy(TimelyPolicy):
         return out
 
     def make_admission(self, ctx: SchedulerContext) -> AdmissionController | None:
-        prefill_cost = ctx.profile.prefill_s if ctx.profile is not None else None
+        # Pricing a prefill needs the engine's cost profile (simulated engines; a real engine
+        # given one, the planner's `engine.profile`); without it nothing is held.
+        hold = None
+        if ctx.profile is not None and self.prefill_hold_share is not None:
+            hold = PrefillHold(ctx.profile.prefill_s, self.prefill_hold_share,
+                               FirstSegmentLengths(self.first_segment_tokens))
         return ResponseFirstAdmission(ctx.max_num_seqs, self.response_step_factor,
                                       self.response_horizon_s,
                                       cap_between_responses=self.cap_between_responses,
-                                      prefill_cost_s=prefill_cost,
-                                      hold_share=self.prefill_hold_share,
-                                      first_segment_steps=self.first_segment_steps)
+                                      prefill_hold=hold)
 
     def pause_handling(self, pause: PauseInfo) -> str:
         """Preserve (keep the KV: the resume computes one token) while preserved pauses hold
