@@ -14,22 +14,28 @@ from timelyllm_ros.core.sched.interface import Policy
 EngineBuilder = Callable[..., EngineAdapter]
 
 
+def engine_spec(config: BenchConfig, prefix_cache: bool = True) -> EngineSpec:
+    """What `build_engine` builds. On the real engine, an explicit `profile` is its measured
+    cost model (as the planner's `engine.profile`): policies that price work, such as the
+    default policy's prefill hold, need one; the default simulated profile is not given to it."""
+    if config.engine == "sim":
+        return EngineSpec(kind="sim", profile=config.load_profile(), prefix_cache=prefix_cache,
+                          max_num_seqs=config.max_num_seqs)
+    if not config.model:
+        raise ValueError("engine vllm: --model DIR (a local model directory) is required")
+    vllm = {"model": str(config.model), **dict(config.vllm_config)}
+    profile = config.load_profile() if config.profile is not None else None
+    return EngineSpec(kind="vllm", prefix_cache=prefix_cache, vllm=vllm, profile=profile,
+                      scheduling_policy=vllm.pop("scheduling_policy", None))
+
+
 def build_engine(config: BenchConfig, prefix_cache: bool = True,
                  policy: Policy | None = None) -> EngineAdapter:
     """A fresh engine for a replay; `prefix_cache=False` turns automatic prefix caching off. The
     policy's needs decide vLLM's scheduling policy and, on the simulated engine, the engine
     variant (BROS's bidirectional KV blocks, MC-SF's clearing baselines)."""
     needs = policy.engine_needs() if policy is not None else EngineNeeds()
-    if config.engine == "sim":
-        spec = EngineSpec(kind="sim", profile=config.load_profile(), prefix_cache=prefix_cache,
-                          max_num_seqs=config.max_num_seqs)
-    else:
-        if not config.model:
-            raise ValueError("engine vllm: --model DIR (a local model directory) is required")
-        vllm = {"model": str(config.model), **dict(config.vllm_config)}
-        spec = EngineSpec(kind="vllm", prefix_cache=prefix_cache, vllm=vllm,
-                          scheduling_policy=vllm.pop("scheduling_policy", None))
-    return build_from_spec(spec, needs)
+    return build_from_spec(engine_spec(config, prefix_cache), needs)
 
 
 class EnginePool:

@@ -150,7 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plots", default=None, metavar="DIR", help="write figures (PNG) here")
     p.add_argument("--profile", default=None,
                    help="engine profile YAML for the simulated engine "
-                        "(default: config/engine_profiles/llama3-8b-rtx4090.yaml)")
+                        "(default: config/engine_profiles/llama3-8b-rtx4090.yaml); with "
+                        "--engine vllm, the real engine's measured cost model, which the "
+                        "default policy's prefill hold needs (none by default)")
     p.add_argument("--kv-blocks", type=int, default=None, metavar="N",
                    help="simulated engine: KV cache of N blocks instead of the profile's (how "
                         "much a policy's KV handling matters depends on the KV pressure)")

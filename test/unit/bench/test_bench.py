@@ -152,6 +152,20 @@ def test_real_engine_gets_the_policys_scheduling(monkeypatch):
         vllm_engine.VllmEngineConfig(model="m", scheduling_policy="lifo")
 
 
+def test_real_engine_gets_an_explicit_profile_only(monkeypatch):
+    from timelyllm_ros.core.engine import vllm_engine
+    profiles = []
+    monkeypatch.setattr(vllm_engine, "VllmEngine",
+                        lambda config, profile=None, **_: profiles.append(profile) or config)
+    fp32 = "config/engine_profiles/vllm-cpu-smollm2-135m-fp32.yaml"
+    build_engine(BenchConfig(engine="vllm", model="m", profile=fp32))
+    build_engine(BenchConfig(engine="vllm", model="m"))
+    # The measured profile reaches the engine (and so the policies' SchedulerContext); without
+    # one the real engine gets none, not the simulated default.
+    assert profiles[0] is not None and profiles[0].name == "vllm-cpu-smollm2-135m-fp32"
+    assert profiles[1] is None
+
+
 def test_real_engine_baseline_without_prefix_cache(monkeypatch):
     from timelyllm_ros.core.engine import vllm_engine
     seen = []
