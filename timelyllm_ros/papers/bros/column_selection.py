@@ -7,7 +7,8 @@ requests. What `select_batch` does for every request before the loops (slack, th
 RT request alone, the late test, Tres, the two sorts) is done here on numpy columns, with the
 same float operations in the same order, elementwise, so every value and every comparison is bit
 for bit the one `select_batch` makes; the loops then run in Python on the heads of the two
-sorted queues only. `test_seed_bros` checks that both give the same selection.
+sorted queues only. `test/unit/papers/test_bros_column_selection.py` checks that both give the
+same selection.
 """
 
 from __future__ import annotations
