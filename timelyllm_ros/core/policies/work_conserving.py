@@ -84,7 +84,6 @@ class ResponseFirstAdmission(CandidateAdmission):
         self.horizon_s = float(horizon_s)
         self.speed_model = speed_model if speed_model is not None else BatchSpeedModel()
         self._step_cap_s: float | None = None
-        self._fastest_step_s: float | None = None
         self._pass_s: float | None = None
         self._response_refused_kv_s: float | None = None
         self.cap_between_responses = bool(cap_between_responses)
@@ -96,7 +95,8 @@ class ResponseFirstAdmission(CandidateAdmission):
         self._step_cap_s = self._cap(admission_pass.running, admission_pass.now)
         if self.prefill_hold is not None:
             rate = admission_pass.rate
-            step = 1.0 / rate if rate is not None and rate > 0 else self._fastest_step_s
+            fastest = self.speed_model.fastest_step_s
+            step = 1.0 / rate if rate is not None and rate > 0 else fastest
             self.prefill_hold.begin_pass(admission_pass.now, step, admission_pass.running)
 
     def _cap(self, running: Sequence[RunningGen], now: float) -> float | None:
@@ -108,7 +108,7 @@ class ResponseFirstAdmission(CandidateAdmission):
         if not self.cap_between_responses and not any(
                 g.segment_index == 0 and g.deadline_s <= due for g in running):
             return None
-        fastest = self._fastest_step_s
+        fastest = self.speed_model.fastest_step_s
         return None if fastest is None else self.step_factor * fastest
 
     def may_admit_candidate(self, batch: Sequence[RunningGen], candidate: Candidate,
@@ -155,9 +155,6 @@ class ResponseFirstAdmission(CandidateAdmission):
     def note_step(self, duration_s: float | None = None, batch_size: int | None = None) -> None:
         if duration_s is not None and batch_size is not None:
             self.speed_model.record(int(batch_size), duration_s)
-            if batch_size > 0 and duration_s > 0 and (
-                    self._fastest_step_s is None or duration_s < self._fastest_step_s):
-                self._fastest_step_s = float(duration_s)
 
 
 @dataclass

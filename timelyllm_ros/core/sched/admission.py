@@ -96,6 +96,9 @@ class BatchSpeedModel:
             raise ValueError("window must be >= 2")
         self.window = int(window)
         self._steps: deque[tuple[float, float]] = deque(maxlen=self.window)
+        # Shortest step ever recorded: a reference that, unlike the line over the window, does
+        # not swing when the batch stays large (work_conserving's step cap).
+        self.fastest_step_s: float | None = None
 
     def record(self, batch_size: int, duration_s: float) -> None:
         duration_s = float(duration_s)
@@ -107,6 +110,8 @@ class BatchSpeedModel:
         if batch_size == 0 or duration_s == 0:
             return  # an idle or instantaneous step says nothing about decode speed
         self._steps.append((float(batch_size), duration_s))
+        if self.fastest_step_s is None or duration_s < self.fastest_step_s:
+            self.fastest_step_s = duration_s
 
     def slope_s(self) -> float | None:
         """Seconds one more sequence adds to a step (>= 0), or None without two batch sizes."""
@@ -136,6 +141,7 @@ class BatchSpeedModel:
 
     def reset(self) -> None:
         self._steps.clear()
+        self.fastest_step_s = None
 
 
 class LatencyGuidedAdmission(AdmissionController):
