@@ -19,7 +19,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="timelyllm launch", description=__doc__.splitlines()[0])
     parser.add_argument("description", type=Path, help="a launch/*.nodes.yaml file")
     parser.add_argument("--set", action="append", default=[], metavar="NODE.PARAM=VALUE",
-                        help="override a node parameter, e.g. planner.policy=edf-seg")
+                        help="override a node parameter (repeatable). NODE is the node's label "
+                        "(planner, drone_1/executor); everything after its first dot is the "
+                        "parameter, dots included: planner.policy=edf-seg, "
+                        "planner.engine.kind=sim. VALUE is read as YAML. A parameter the node "
+                        "does not declare is an error (exit status 2) naming the ones it does")
     parser.add_argument("--log-dir", type=Path, default=None)
     return parser
 
