@@ -8,8 +8,9 @@
 The plan is cut into segments the way the planner cuts it, and each segment runs on one
 interpreter (variables carry over), as on a robot. Prints every executed skill call with its
 return value (calls inside a high-level skill indented under it), then the plan's outcome.
-PROGRAM may also be a file holding the plan. Exit status 0 when the plan succeeded, 1 when a
-segment failed, 2 on bad usage.
+PROGRAM may also be a file holding the plan. A PROGRAM starting with `-` (a bare return,
+`->True`) needs no `--` in front of it. Exit status 0 when the plan succeeded, 1 when a segment
+failed, 2 on bad usage.
 """
 
 from __future__ import annotations
@@ -121,8 +122,13 @@ def run(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="timelyllm plan", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="action", required=True)
-    r = sub.add_parser("run", help="dry-run a plan on a simulated robot")
-    r.add_argument("program", help="the plan text, or a file holding it")
+    r = sub.add_parser("run", help="dry-run a plan on a simulated robot",
+                       usage="timelyllm plan run [options] PROGRAM")
+    # Optional to argparse only so that a PROGRAM starting with "-" can be taken from the
+    # arguments argparse did not recognise (below); it is required all the same.
+    r.add_argument("program", nargs="?", metavar="PROGRAM",
+                   help="the plan text, or a file holding it; one starting with '-' (\"->True\") "
+                   "is taken as is, no '--' needed")
     r.add_argument("--skill-set", default="drone", choices=["drone", "minispec", "arm"])
     r.add_argument("--scene", default=None, help="scene YAML (config/scenes/)")
     r.add_argument("--exec-model", default=None, help="execution-time model YAML")
@@ -131,8 +137,23 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--jitter", action="store_true", help="sample durations instead of nominal")
     r.add_argument("--seed", type=int, default=0)
     r.add_argument("--quiet", action="store_true", help="do not print segment headers")
-    args = ap.parse_args(argv)
+    # argparse reads any word starting with "-" as an option, so `plan run "->True"` would be
+    # refused as an unknown one; where PROGRAM is missing, the one such word is PROGRAM.
+    args, unknown = ap.parse_known_args(argv)
+    candidates = [w for w in unknown if _program_like(w)]
+    if args.program is None and len(candidates) == 1:
+        args.program = candidates[0]
+        unknown.remove(args.program)
+    if unknown:
+        r.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.program is None:
+        r.error("the following arguments are required: PROGRAM")
     return run(args)
+
+
+def _program_like(word: str) -> bool:
+    # "--x" stays an (unknown) option; a plan never starts with two dashes.
+    return word.startswith("-") and not word.startswith("--") and word != "-"
 
 
 if __name__ == "__main__":
