@@ -74,10 +74,21 @@ class GoalRun:
     def cancel(self, timeout_s: float = 10.0):
         """Request cancellation; returns the CancelGoal response (goals_canceling non-empty
         when the planner took it)."""
-        future = self.handle.cancel_goal_async()
+        future = self.request_cancel()
         if not _wait(future, timeout_s):
             raise TimeoutError("cancel not answered")
         return future.result()
+
+    def request_cancel(self):
+        """Request cancellation without waiting: the future of the CancelGoal response (for a
+        caller that keeps waiting for the result meanwhile, e.g. `timelyllm submit`)."""
+        return self.handle.cancel_goal_async()
+
+    @property
+    def task_id(self) -> str:
+        """The goal's task id, or the one the planner assigned (known from the first
+        feedback); empty until then."""
+        return self.goal.task_id or next((f.task_id for f in self.feedback if f.task_id), "")
 
 
 def _wait(future, timeout_s: float) -> bool:
@@ -92,10 +103,17 @@ def _wait(future, timeout_s: float) -> bool:
 class PlannerClient:
     """Spins its own executor thread; all accessors are safe from the caller's thread."""
 
-    def __init__(self, robots: list[str] = (), node_name: str = "timelyllm_client"):
+    def __init__(self, robots: list[str] = (), node_name: str = "timelyllm_client",
+                 signal_handlers: bool = True):
+        """`signal_handlers=False`: rclpy installs none (when this client initialises it). Its
+        own SIGINT handler shuts the context down, which stops this client's executor, so
+        nothing sent afterwards (a cancel on Ctrl-C) is ever answered; a caller that handles
+        signals itself passes False."""
         self._owns_context = not rclpy.ok()
         if self._owns_context:
-            rclpy.init()
+            from rclpy.signals import SignalHandlerOptions
+
+            rclpy.init(signal_handler_options=None if signal_handlers else SignalHandlerOptions.NO)
         self.node = Node(node_name)
         self.seen = Observed()
         self._lock = threading.Lock()
