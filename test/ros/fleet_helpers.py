@@ -89,3 +89,16 @@ def wait_until(predicate, timeout_s: float, step_s: float = 0.05) -> bool:
             return True
         time.sleep(step_s)
     return bool(predicate())
+
+
+def set_param(client, name, value, node: str = "/planner"):
+    """`ros2 param set NODE NAME VALUE`: the SetParameters result (successful, reason)."""
+    from rcl_interfaces.srv import SetParameters
+    from rclpy.parameter import Parameter
+
+    srv = client.node.create_client(SetParameters, f"{node}/set_parameters")
+    try:
+        return client._call(srv, SetParameters.Request(
+            parameters=[Parameter(name, value=value).to_parameter_msg()]), 10).results[0]
+    finally:
+        client.node.destroy_client(srv)

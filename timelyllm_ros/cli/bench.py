@@ -297,7 +297,9 @@ def _bench_config(args: argparse.Namespace, profile, prompt_tokens: int | None,
         config = scenario.configure(config)
     if args.kv_blocks is not None:
         if args.engine != "sim":
-            raise UsageError("--kv-blocks: the real engine's KV size is vLLM's (memory_fraction)")
+            raise UsageError("--kv-blocks: only for the simulated engine; the real engine's KV "
+                             "cache is sized in bytes (VllmEngineConfig.kv_cache_memory_bytes, "
+                             "1 GiB by default)")
         try:
             config = replace(config, profile=replace(config.load_profile(),
                                                      kv_total_blocks=args.kv_blocks))

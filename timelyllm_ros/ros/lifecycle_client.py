@@ -14,6 +14,9 @@ TRANSITIONS = {
     "deactivate": Transition.TRANSITION_DEACTIVATE,
     "cleanup": Transition.TRANSITION_CLEANUP,
     "shutdown": Transition.TRANSITION_INACTIVE_SHUTDOWN,
+    "inactive_shutdown": Transition.TRANSITION_INACTIVE_SHUTDOWN,
+    "active_shutdown": Transition.TRANSITION_ACTIVE_SHUTDOWN,
+    "unconfigured_shutdown": Transition.TRANSITION_UNCONFIGURED_SHUTDOWN,
 }
 
 

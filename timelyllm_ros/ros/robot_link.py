@@ -4,7 +4,8 @@
   as the segment's report (start, finish, success), which feeds the execution-time model and
   the resume priority exactly as ExecutionReport messages did.
 - `end_task` (when a task is cancelled, fails or is declared dead) cancels the robot's goals for
-  it, running or queued on the robot.
+  it, running or queued on the robot; `end_all` does it for every task (the planner stops), and
+  `cancels_pending` says how many of those cancels the robots have not answered yet.
 - A robot whose action server disappears while it holds a segment fails that task with the
   reason (checked every CHECK_PERIOD_S; MISSES_TO_FAIL checks in a row).
 
@@ -52,6 +53,9 @@ class RobotLink:
         self._robot_of: dict[str, str] = {}
         self._ended: OrderedDict[str, float] = OrderedDict()   # task -> when it ended
         self._misses: dict[str, int] = {}
+        # Cancels scheduled or sent and not yet answered by the robot (the planner waits for
+        # them before it exits, so that no robot goes on with a plan nobody serves).
+        self._cancels_pending = 0
         # (task, sequence) -> monotonic time the planner asked the robot to cancel (latency).
         # (Recent ones only: a planner runs for days.)
         self.cancel_requested_at: OrderedDict[tuple[str, int], float] = OrderedDict()
@@ -74,6 +78,17 @@ class RobotLink:
     def outstanding(self) -> int:
         with self._lock:
             return sum(len(g) for g in self._goals.values())
+
+    def cancels_pending(self) -> int:
+        with self._lock:
+            return self._cancels_pending
+
+    def end_all(self) -> None:
+        """Cancel every robot goal of every task (the planner stops serving)."""
+        with self._lock:
+            tasks = list(self._goals)
+        for task_id in tasks:
+            self.end_task(task_id)
 
     # ------------------------------------------------------------------ engine thread
     def dispatch(self, d: SegmentDispatch) -> None:
@@ -98,6 +113,7 @@ class RobotLink:
             pending = self._goals.get(task_id)
             if not pending:
                 return
+            self._cancels_pending += 1
         self._node.executor.create_task(self._cancel_task, task_id)
 
     # ------------------------------------------------------------------ executor threads
@@ -149,9 +165,14 @@ class RobotLink:
     def _cancel_task(self, task_id: str) -> None:
         with self._lock:
             handles = [(seq, h) for seq, h in self._goals.get(task_id, {}).items() if h is not None]
+            self._cancels_pending += len(handles) - 1   # this task's turn is over
         for seq, handle in handles:
             self._note_cancel((task_id, seq))
-            handle.cancel_goal_async()
+            handle.cancel_goal_async().add_done_callback(self._cancel_answered)
+
+    def _cancel_answered(self, _future) -> None:
+        with self._lock:
+            self._cancels_pending -= 1
 
     def _note_cancel(self, key: tuple[str, int]) -> None:
         self.cancel_requested_at[key] = time.monotonic()

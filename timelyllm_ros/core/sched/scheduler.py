@@ -302,9 +302,11 @@ class SegmentScheduler(AdmissionStep, OutputStep, TaskInputs):
                 if task is not None:
                     self._consume(task, output, now)
 
-    def shutdown(self, reason: str = "planner shutting down") -> None:
+    def shutdown(self, reason: str = "planner shutting down", trigger: str = "cancel") -> None:
+        """End every active task: `cancel` when the planner stops, `fail` when its engine
+        failed (each task's reason says which)."""
         for task in self.active_tasks():
-            self._finish(task, "cancel", reason, self.engine.now())
+            self._finish(task, trigger, reason, self.engine.now())
 
     # ------------------------------------------------------------------ completion
     def _maybe_complete(self, task: TaskRecord, now: float) -> None:
