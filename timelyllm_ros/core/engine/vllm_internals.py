@@ -88,14 +88,14 @@ class VllmInternals:
             raise VllmInternalsError(
                 f"vLLM {version}: TimelyLLM's in-process session support needs {where} "
                 f"({err}); it was written for vLLM {' / '.join(SUPPORTED_VLLM)}x with "
-                "VLLM_ENABLE_V1_MULTIPROCESSING=0. Set `sessions: false` in the engine "
-                "parameters to run without sessions (suspend = abort + prefix cache)."
+                "VLLM_ENABLE_V1_MULTIPROCESSING=0. Set the planner parameter `engine.sessions: false` "
+                "(`-p engine.sessions:=false`) to run without sessions (suspend = abort + prefix cache)."
             ) from err
         if not version.startswith(SUPPORTED_VLLM):
             raise VllmInternalsError(
                 f"vLLM {version}: TimelyLLM's in-process session support was checked on vLLM "
-                f"{' / '.join(SUPPORTED_VLLM)}x only; set `sessions: false` in the engine "
-                "parameters to run without it")
+                f"{' / '.join(SUPPORTED_VLLM)}x only; set the planner parameter `engine.sessions: false` "
+                "(`-p engine.sessions:=false`) to run without it")
         self.version = version
         self._tasks = engine.get_supported_tasks()
         self.accounting = StepAccounting()
