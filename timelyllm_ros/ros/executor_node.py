@@ -13,7 +13,12 @@ Tello's 192.168.10.1, 8889, 8890 and any free local port), `arm-sim` or `replay`
 to the constructor takes precedence.
 
 Interface: the `ExecuteSegment` action (the planner is the client), served by one
-`RobotServer` (ros/robot_server.py: ordering, cancel, reports, the worker thread). To host many
+`RobotServer` (ros/robot_server.py: ordering, cancel, reports, the worker thread).
+
+Parameter `planner_lost_after_s` (default 4.0; 0 turns it off): when the planner gives no sign
+of life for that long (a planner killed with SIGKILL; one that left cleanly is noticed at once),
+the robot stops its segments, holds position and ends their goals ABORTED, "planner lost: ..."
+(ros/planner_liveness.py). To host many
 simulated robots in one process, use the fleet simulator (ros/fleet_sim_node.py).
 """
 
@@ -31,8 +36,16 @@ from timelyllm_ros.robots.tello.sdk import DEFAULT_HOST as DEFAULT_TELLO_HOST
 from timelyllm_ros.robots.tello.sdk import DEFAULT_PORT as DEFAULT_TELLO_PORT
 from timelyllm_ros.robots.tello.sdk import DEFAULT_STATE_PORT as DEFAULT_TELLO_STATE_PORT
 from timelyllm_ros.ros import diagnostics, share
+from timelyllm_ros.ros.planner_params import warn_undeclared_overrides
+from timelyllm_ros.ros.planner_liveness import PlannerWatch, declare_lost_after
 from timelyllm_ros.ros.robot_server import RobotServer
 from timelyllm_ros.ros.runtime import run_node
+
+# Every parameter the node may declare (some only with their backend): what `timelyllm launch
+# --set NODE.NAME=...` accepts (ros/launch_description.py).
+PARAMETER_NAMES = ("robot_id", "exec_model", "time_scale", "seed", "never_report", "backend",
+                   "tello_host", "tello_port", "tello_state_port", "tello_local_port",
+                   "replay_table", "scene", "skill_map")
 
 
 class ExecutorNode(Node):
@@ -47,6 +60,7 @@ class ExecutorNode(Node):
         # Test hook for the planner's dead-robot handling: accept segments, never finish them
         # (until they are cancelled).
         never_finish = bool(self.declare_parameter("never_report", False).value)
+        lost_after_s = declare_lost_after(self)
         if not time_scale > 0:
             raise ValueError(f"parameter time_scale: must be > 0, got {time_scale}")
         model = ExecutionTimeModel.from_yaml(
@@ -71,17 +85,28 @@ class ExecutorNode(Node):
                 params.update(scene=scene or None)
             elif backend_kind == "action-bridge":  # robots/action_bridge.py: a skill map
                 params.update(skill_map=str(self.declare_parameter("skill_map", "").value))
+            warn_undeclared_overrides(self, PARAMETER_NAMES)
             backend = make_backend(backend_kind, **params)
         else:
             backend_kind = type(backend).__name__
         self.robot = RobotServer(self, self.robot_id, backend, signal, backend_kind=backend_kind,
                                  never_finish=never_finish)
+        self.planner_watch = PlannerWatch(self, lost_after_s, self.robot.planner_lost) \
+            if lost_after_s else None
         self._diag = diagnostics.Publisher(self, f"executor {self.robot_id}", self.robot_id,
-                                           self.robot.diagnose)
+                                           self._diagnose)
         self.get_logger().info(
             f"executor for {self.robot_id} ready (backend {backend_kind}, time_scale {time_scale})")
 
+    def _diagnose(self):
+        level, message, values = self.robot.diagnose()
+        if self.planner_watch is not None:
+            values.update(self.planner_watch.values())
+        return level, message, values
+
     def shutdown(self) -> None:
+        if self.planner_watch is not None:
+            self.planner_watch.close()
         self.robot.shutdown()
 
 

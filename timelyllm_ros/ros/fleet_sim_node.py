@@ -14,6 +14,9 @@ Parameters:
   `arm_backend` (default `arm-sim`), `scene` (a scene YAML for every drone; empty: the default
   room), `exec_model`, `time_scale` (seconds slept per modelled second), `seed` (robot i gets
   seed + i).
+- `planner_lost_after_s` (default 4.0; 0 turns it off): when the planner gives no sign of life
+  for that long, every robot stops the segments it gave them and holds position
+  (ros/planner_liveness.py; one watch for the whole fleet).
 
 Diagnostics: one status for the fleet (robots, busy, segments done / failed / cancelled).
 Run it with `ros2 run timelyllm_ros fleet_sim_node --ros-args -p drones:=150 -p arms:=50` or
@@ -33,10 +36,16 @@ from timelyllm_ros.core.exec_model import ExecutionTimeModel
 from timelyllm_ros.robots.backend import StopSignal
 from timelyllm_ros.robots.factory import make_backend
 from timelyllm_ros.ros import diagnostics, share
+from timelyllm_ros.ros.planner_params import warn_undeclared_overrides
+from timelyllm_ros.ros.planner_liveness import PlannerWatch, declare_lost_after
 from timelyllm_ros.ros.robot_server import RobotServer
 from timelyllm_ros.ros.runtime import run_node
 
 ROBOT_KINDS = ("drone", "arm")
+# Every parameter the node declares: what `timelyllm launch --set NODE.NAME=...` accepts
+# (ros/launch_description.py).
+PARAMETER_NAMES = ("robots", "drones", "arms", "exec_model", "time_scale", "seed", "scene",
+                   "drone_backend", "arm_backend")
 MAX_ROBOTS = 2000
 
 
@@ -86,6 +95,8 @@ class FleetSimNode(Node):
         scene = str(self.declare_parameter("scene", "").value)
         backends = {"drone": str(self.declare_parameter("drone_backend", "drone-sim").value),
                     "arm": str(self.declare_parameter("arm_backend", "arm-sim").value)}
+        lost_after_s = declare_lost_after(self)
+        warn_undeclared_overrides(self)
         model = ExecutionTimeModel.from_yaml(
             Path(exec_model) if exec_model else share.config_dir() / "exec_model.yaml")
         group = ReentrantCallbackGroup()
@@ -104,6 +115,8 @@ class FleetSimNode(Node):
             self.robots[robot_id] = RobotServer(self, robot_id, backend, signal,
                                                 backend_kind=backends[kind], log_segments=False,
                                                 callback_group=group)
+        self.planner_watch = PlannerWatch(self, lost_after_s, self._planner_lost) \
+            if lost_after_s else None
         self._diag = diagnostics.Publisher(self, "fleet simulator", self.get_name(), self._diagnose)
         kinds = {k: sum(1 for _, kk in fleet if kk == k) for k in ROBOT_KINDS}
         self.get_logger().info(
@@ -122,11 +135,18 @@ class FleetSimNode(Node):
         busy = sum(1 for r in self.robots.values() if r.busy)
         values = {"robots": len(self.robots), "robots_busy": busy,
                   **{f"segments_{k}": v for k, v in self.totals().items()}}
+        if self.planner_watch is not None:
+            values.update(self.planner_watch.values())
         return diagnostics.OK, f"{busy} of {len(self.robots)} robots busy", values
+
+    def _planner_lost(self, reason: str, accepted_before: float) -> int:
+        return sum(robot.planner_lost(reason, accepted_before) for robot in self.robots.values())
 
     def shutdown(self) -> None:
         # Stop every robot first, then wait once for all: shutdown stays within the process's
         # exit bound however large the fleet is.
+        if self.planner_watch is not None:
+            self.planner_watch.close()
         for robot in self.robots.values():
             robot.begin_shutdown()
         deadline = time.monotonic() + 1.0

@@ -38,6 +38,8 @@ from timelyllm_ros.ros import topics
 
 DISCOVERY_PERIOD_S = 1.0
 PROGRESS_PERIOD_S = 0.5
+# The node's parameters: what `timelyllm launch --set NODE.NAME=...` accepts.
+PARAMETER_NAMES = ("output", "robots", "duration_s", "discovery_period_s", "write_table")
 _ROBOT_TOPIC = re.compile(rf"^/(?P<robot>.+)/(?P<name>{topics.SKILL_SEGMENTS}|{topics.EXECUTION_REPORTS})$")
 _PER_ROBOT = {
     topics.SKILL_SEGMENTS: (SkillSegment, bagmod.SEGMENT_TYPE),

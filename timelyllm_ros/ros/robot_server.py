@@ -11,6 +11,10 @@ segment at once: the backend's stop signal ends its waits and `backend.cancel()`
 hardware (a Tello hovers). Every finished or cancelled segment is also published on
 /<robot>/execution_reports, the record LRTrace's recorder writes to rosbag2.
 
+A planner that vanishes without cancelling (ros/planner_liveness.py) is treated like a cancel
+that says why: `planner_lost` stops the running segment the same way, drops the queued ones,
+and ends their goals ABORTED with "planner lost: ...".
+
 Threads: rclpy callbacks only queue work and answer goals; one worker thread per robot runs the
 backend (it sleeps on a condition while the robot is idle).
 """
@@ -19,8 +23,9 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rclpy.action import ActionServer, CancelResponse, GoalResponse
 from rclpy.callback_groups import ReentrantCallbackGroup
@@ -42,6 +47,10 @@ class _Job:
     cancelled: bool = False
     running: bool = False
     finished: bool = False
+    lost: str = ""                   # why its planner is gone ("planner lost: ..."), if it is
+    # When it was accepted (time.monotonic, the clock PlannerWatch uses): which planner it
+    # belongs to is told by time (see planner_liveness.py).
+    accepted_at: float = field(default_factory=time.monotonic)
 
     @property
     def label(self) -> str:
@@ -80,7 +89,9 @@ class RobotServer:
         self._next_sequence: dict[str, int] = {}
         self._running: _Job | None = None
         self._jobs: dict[bytes, _Job] = {}      # goal id -> job, until its result is sent
-        self._cancelled_tasks: OrderedDict[str, None] = OrderedDict()   # recent, bounded
+        # Tasks whose later segments must never start, recent ones (bounded): task -> (the
+        # segments count as cancelled, the message they end with).
+        self._ended_tasks: OrderedDict[str, tuple[bool, str]] = OrderedDict()
         self.counts = {"done": 0, "failed": 0, "cancelled": 0}
         self.report_pub = node.create_publisher(
             ExecutionReport, topics.robot_topic(robot_id, topics.EXECUTION_REPORTS),
@@ -107,9 +118,20 @@ class RobotServer:
         g = job.goal
         with self._lock:
             self._jobs[_key(handle)] = job
+            if g.sequence == 0:
+                # A task's first segment: a new task, even if an ended one had its id (task ids
+                # given by clients may repeat across planner restarts).
+                self._ended_tasks.pop(g.task_id, None)
+            ended = self._ended_tasks.get(g.task_id)
             expected = self._next_sequence.get(g.task_id, 0)
-            held = self._held.setdefault(g.task_id, {})
-            if g.sequence < expected or g.sequence in held:
+            held = self._held.setdefault(g.task_id, {}) if ended is None else {}
+            if ended is not None:
+                # Its task was cancelled or its planner lost here: it would wait forever for
+                # the segments before it (dropped), so it ends now.
+                job.cancelled, message = ended
+                job.lost = "" if job.cancelled else message
+                self._finish(job, False, message, None, None)
+            elif g.sequence < expected or g.sequence in held:
                 self._finish(job, False, f"duplicate segment {job.label}", None, None)
             elif not self._never_finish:
                 held[g.sequence] = job
@@ -130,9 +152,8 @@ class RobotServer:
             if job is None or job.finished:
                 return CancelResponse.REJECT
             job.cancelled = True
-            self._cancelled_tasks[job.goal.task_id] = None
-            while len(self._cancelled_tasks) > 1000:
-                self._cancelled_tasks.popitem(last=False)
+            self._end_task(job.goal.task_id, True,
+                           "cancelled: an earlier segment of the task was cancelled")
             if job.running:
                 # Under the lock: the worker rearms the signal only between segments.
                 self._signal.cancel_segment()
@@ -173,11 +194,13 @@ class RobotServer:
                 job = self._ready.pop(0)
                 if job.finished:
                     continue
-                if job.goal.task_id in self._cancelled_tasks:
-                    # Its task was cancelled on this robot: later segments never start.
-                    job.cancelled = True
-                    self._finish(job, False, "cancelled: an earlier segment of the task was "
-                                 "cancelled", None, None)
+                ended = self._ended_tasks.get(job.goal.task_id)
+                if ended is not None:
+                    # Its task was cancelled (or its planner lost) on this robot: later
+                    # segments never start.
+                    job.cancelled, message = ended
+                    job.lost = "" if job.cancelled else message
+                    self._finish(job, False, message, None, None)
                     continue
                 job.running = True
                 self._running = job
@@ -199,11 +222,15 @@ class RobotServer:
             with self._lock:
                 self._running = None
                 job.running = False
+                ran_s = (finished - started).nanoseconds * 1e-9
                 if job.cancelled:
                     ok = False
-                    message = f"cancelled after {(finished - started).nanoseconds * 1e-9:.2f} s ({message})"
+                    message = f"cancelled after {ran_s:.2f} s ({message})"
+                elif job.lost:
+                    ok = False
+                    message = f"{job.lost}; stopped after {ran_s:.2f} s ({message})"
                 self._finish(job, ok, message, started, finished, returned, values)
-            if not ok and not job.cancelled:
+            if not ok and not job.cancelled and not job.lost:  # PlannerWatch logs a loss once
                 self._log.warning(f"{self.robot_id}: segment {job.label} {job.goal.text!r} "
                                   f"failed: {message}")
 
@@ -275,10 +302,45 @@ class RobotServer:
             # (On an executor thread: rclpy's goal handles are driven from there.)
             self.node.executor.create_task(job.handle.execute)
 
+    def _end_task(self, task_id: str, cancelled: bool, message: str) -> None:
+        self._ended_tasks[task_id] = (cancelled, message)
+        while len(self._ended_tasks) > 1000:
+            self._ended_tasks.popitem(last=False)
+
     def _drop_task(self, task_id: str) -> None:
         self._held.pop(task_id, None)
         self.interpreters.pop(task_id, None)
         self._next_sequence.pop(task_id, None)
+
+    # ------------------------------------------------------------------ planner lost
+    def planner_lost(self, reason: str, accepted_before: float) -> int:
+        """The planner of the goals accepted before `accepted_before` (time.monotonic) is gone
+        (PlannerWatch): stop its running segment as a cancel does (the backend's stop signal,
+        then `backend.cancel()`: the robot holds position), drop its queued ones, and end
+        each goal ABORTED with `reason`; the stopped segment's ExecutionReport says it too.
+        Later segments of those tasks end at once. Returns how many goals it ended or is
+        stopping. Any thread."""
+        with self._lock:
+            jobs = [j for j in self._jobs.values() if not j.finished and not j.cancelled
+                    and not j.lost and j.accepted_at < accepted_before]
+            stop_running = False
+            for job in jobs:
+                job.lost = reason
+                self._end_task(job.goal.task_id, False, reason)
+                if job.running:
+                    # Under the lock: the worker rearms the signal only between segments.
+                    self._signal.cancel_segment()
+                    stop_running = True
+                else:
+                    self._drop_task(job.goal.task_id)
+                    self._finish(job, False, f"{reason} (before it started)", None, None)
+        cancel = getattr(self.backend, "cancel", None) if stop_running else None
+        if callable(cancel):
+            try:
+                cancel()
+            except Exception as err:  # noqa: BLE001 - a driver's bug must not kill the node
+                self._log.error(f"backend cancel failed: {err}")
+        return len(jobs)
 
     def diagnose(self):
         with self._lock:

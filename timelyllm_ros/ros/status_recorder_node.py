@@ -36,6 +36,10 @@ def status_to_dict(msg: TaskStatus) -> dict:
     }
 
 
+# The node's parameters: what `timelyllm launch --set NODE.NAME=...` accepts.
+PARAMETER_NAMES = ("output",)
+
+
 class StatusRecorderNode(Node):
     def __init__(self):
         super().__init__("status_recorder")

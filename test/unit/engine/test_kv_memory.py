@@ -43,7 +43,7 @@ def test_the_planner_defaults_build_a_config_sized_in_bytes():
     config = planner_params._vllm_config(p, "fcfs")
     assert (config.kv_cache_memory_bytes, config.gpu_memory_utilization) == (None, 0.9)
     # engine.sessions reaches the engine (the engine's own error tells users to set it).
-    p.update({"engine.sessions": False, "engine.memory_fraction": 0.0})
+    p.update({"engine.sessions": False, "engine.memory_fraction": 0.0, "engine.kv_cache_bytes": 1 << 28})
     assert planner_params._vllm_config(p, "fcfs").sessions is False
     p.update({"engine.kv_cache_bytes": 0, "engine.memory_fraction": 0.9})
     # Both, or neither: refused naming both parameters.
