@@ -391,23 +391,20 @@ def main(argv: list[str] | None = None) -> int:
 
     node = PlannerNode()
 
-    engine_threads = []
-
     def cleanup():
         node.supervisor.close()
-        if node.loop is not None:
-            engine_threads.append(node.loop)
         node.stop_serving(SHUTDOWN_REASON, spin=True)
 
     spin_until_shutdown(node, cleanup=cleanup, threads=4)
-    if any(loop.alive for loop in engine_threads):
-        # The engine is still shutting down (a vLLM step or engine-core shutdown outlasted the
-        # grace period): leave now rather than finalize the interpreter under a live engine
-        # thread (which can abort); the launcher reaps the engine's process group.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
-    return 0
+    # Every client and robot has been told, the node is gone: leave now. Finalizing the
+    # interpreter after vLLM (torch, its worker state) took 2-3 s on a loaded 2-core machine,
+    # past the 2 s a stopping node has, and under an engine thread still shutting down (a
+    # vLLM step or engine-core shutdown that outlasted the grace period) it can abort; the
+    # launcher reaps the engine's process group.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
