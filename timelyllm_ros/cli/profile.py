@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="rounds over every configuration (default: 3 full, 2 quick); more "
                              "rounds give cleaner minima on a busy machine")
     parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--kv-cache-bytes", type=int, default=None, metavar="N",
+                        help="the engine's KV cache in bytes (default: 1 GiB, as the planner's "
+                             "engine.kv_cache_bytes); the profile's kv_total_blocks follow from it")
     parser.add_argument("--name", default=None, help="profile name (default: output file stem)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--pauses", action="store_true",
@@ -86,7 +89,10 @@ def main(argv: list[str] | None = None) -> int:
                                     repeats=args.repeats or 3, dtype=args.dtype), flush=True)
         return 0
     log(f"starting the engine ({args.model}) ...")
-    engine, config = build_profiling_engine(args.model, args.dtype, args.max_model_len)
+    if args.kv_cache_bytes is not None and args.kv_cache_bytes <= 0:
+        parser.error("--kv-cache-bytes must be positive")
+    engine, config = build_profiling_engine(args.model, args.dtype, args.max_model_len,
+                                            args.kv_cache_bytes)
     try:
         log(f"engine ready; KV cache {engine.kv_usage()}; {'quick' if args.quick else 'full'} plan")
         profiler = Profiler(engine, seed=args.seed, log=log, max_num_seqs=config.max_num_seqs)

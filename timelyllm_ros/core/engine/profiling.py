@@ -382,11 +382,13 @@ def vllm_version() -> str:
         return "?"
 
 
-def build_profiling_engine(model: str, dtype: str | None,
-                           max_model_len: int | None) -> tuple[EngineAdapter, VllmEngineConfig]:
+def build_profiling_engine(model: str, dtype: str | None, max_model_len: int | None,
+                           kv_cache_bytes: int | None = None) -> tuple[EngineAdapter, VllmEngineConfig]:
     """The real engine to profile (built by the engine factory, with EOS ignored), and the
-    configuration it was built with."""
+    configuration it was built with; its KV cache is `kv_cache_bytes` (None: the default)."""
     kwargs: dict[str, Any] = {"model": model}
+    if kv_cache_bytes:
+        kwargs["kv_cache_memory_bytes"] = kv_cache_bytes
     if dtype:
         kwargs["dtype"] = dtype
     if max_model_len:
