@@ -13,13 +13,13 @@ Tello's 192.168.10.1, 8889, 8890 and any free local port), `arm-sim` or `replay`
 to the constructor takes precedence.
 
 Interface: the `ExecuteSegment` action (the planner is the client), served by one
-`RobotServer` (ros/robot_server.py: ordering, cancel, reports, the worker thread).
+`RobotServer` (ros/robot_server.py: ordering, cancel, reports, the worker thread). To host many
+simulated robots in one process, use the fleet simulator (ros/fleet_sim_node.py).
 
 Parameter `planner_lost_after_s` (default 4.0; 0 turns it off): when the planner gives no sign
 of life for that long (a planner killed with SIGKILL; one that left cleanly is noticed at once),
 the robot stops its segments, holds position and ends their goals ABORTED, "planner lost: ..."
-(ros/planner_liveness.py). To host many
-simulated robots in one process, use the fleet simulator (ros/fleet_sim_node.py).
+(ros/planner_liveness.py).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from timelyllm_ros.ros.runtime import run_node
 # --set NODE.NAME=...` accepts (ros/launch_description.py).
 PARAMETER_NAMES = ("robot_id", "exec_model", "time_scale", "seed", "never_report", "backend",
                    "tello_host", "tello_port", "tello_state_port", "tello_local_port",
-                   "replay_table", "scene", "skill_map")
+                   "replay_table", "scene", "skill_map", "planner_lost_after_s")
 
 
 class ExecutorNode(Node):

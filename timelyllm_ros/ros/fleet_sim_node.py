@@ -45,7 +45,7 @@ ROBOT_KINDS = ("drone", "arm")
 # Every parameter the node declares: what `timelyllm launch --set NODE.NAME=...` accepts
 # (ros/launch_description.py).
 PARAMETER_NAMES = ("robots", "drones", "arms", "exec_model", "time_scale", "seed", "scene",
-                   "drone_backend", "arm_backend")
+                   "drone_backend", "arm_backend", "planner_lost_after_s")
 MAX_ROBOTS = 2000
 
 

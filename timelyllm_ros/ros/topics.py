@@ -34,10 +34,9 @@ TASK_STATUS = "/timelyllm/task_status"
 PLANNER_METRICS = "/timelyllm/planner_metrics"
 # The planner's sign of life for robots (ros/planner_liveness.py).
 PLANNER_ALIVE = "/timelyllm/planner_alive"
-# The liveliness lease the planner offers: its DDS participant asserts liveliness every 2/3 of
-# it. A robot requests its own, longer lease (its `planner_lost_after_s`); DDS refuses to match
-# a reader that requests less than the writer offers, so this is also the shortest
-# `planner_lost_after_s` a robot may set.
+# The liveliness lease the planner offers: its DDS participant asserts liveliness about every
+# 2/3 of it. A robot requests its own, longer lease (its `planner_lost_after_s`); DDS refuses to
+# match a reader that requests less than the writer offers.
 PLANNER_LEASE_S = 0.5
 # Relative to the robot's namespace.
 # skill_segments and execution_reports are records of what was dispatched and executed (for
