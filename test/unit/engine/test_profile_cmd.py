@@ -183,14 +183,19 @@ def test_main_writes_a_profile_the_simulated_engine_loads(tmp_path, monkeypatch,
 
     engines = []
 
-    def fake_build(model, dtype, max_model_len):
+    kv_sizes = []
+
+    def fake_build(model, dtype, max_model_len, kv_cache_bytes=None):
         engine = SimulatedEngine(TRUE)
         engines.append(engine)
+        kv_sizes.append(kv_cache_bytes)
         return engine, Config()
 
     monkeypatch.setattr(profile_cmd, "build_profiling_engine", fake_build)
     out = tmp_path / "profiles" / "mine.yaml"
-    assert profile_cmd.main(["--model", str(tmp_path), "--output", str(out), "--quick"]) == 0
+    assert profile_cmd.main(["--model", str(tmp_path), "--output", str(out), "--quick",
+                             "--kv-cache-bytes", str(256 << 20)]) == 0
+    assert kv_sizes == [256 << 20]  # the profiled engine's KV cache, in bytes
     text = out.read_text()
     assert text.startswith("# Engine step cost profile `mine`")
     loaded = EngineProfile.from_yaml(out)
