@@ -116,13 +116,19 @@ def test_a_node_module_that_fails_to_import_is_reported(tmp_path, monkeypatch):
 
 
 def _literal_declarations(path: Path) -> set[str]:
-    """Names passed as a literal to `declare_parameter(...)` in a module's source."""
+    """Names passed as a literal to `declare_parameter(...)` in a module's source, and the
+    robot nodes' `planner_lost_after_s` (declared by planner_liveness.declare_lost_after)."""
+    from timelyllm_ros.ros import planner_liveness
+
     names = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                 and node.func.attr == "declare_parameter" and node.args
                 and isinstance(node.args[0], ast.Constant)):
             names.add(node.args[0].value)
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id == "declare_lost_after"):
+            names.add(planner_liveness.PARAMETER)
     return names
 
 
