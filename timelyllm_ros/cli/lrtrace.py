@@ -7,6 +7,7 @@
                          [--base config/exec_model.yaml] [--linear SKILL,...] [--salvage]
     timelyllm lrtrace compose WID1|workload.yaml -o events.yaml [--seed N]
     timelyllm lrtrace compose --notation "{(1,2), 3, 4}" -o events.yaml [--interval S]
+    timelyllm lrtrace import-authors DATA.json --config CONFIG.json --output DIR [--name N]
     timelyllm lrtrace replay events.yaml|workload.yaml|WID1 [--policy P] [--engine sim|vllm]
         [--attach [--no-robots]] [--exec-model model.yaml | --durations-from run.mcap|table.csv]
         [--json FILE] [--record out.mcap] [--time-scale S] [--duration-s S] [--seed N]
@@ -28,6 +29,8 @@ import math
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
+
+from timelyllm_ros.cli import lrtrace_authors
 
 
 def _error(command: str, err: object) -> int:
@@ -149,7 +152,8 @@ def _run_table(args: argparse.Namespace) -> int:
 # --- fit -----------------------------------------------------------------------------------------
 
 def _add_fit(p: argparse.ArgumentParser) -> None:
-    p.add_argument("input", help="a bag (directory / .mcap) or a timing table (.csv)")
+    p.add_argument("input", help="a bag (directory / .mcap), a timing table (.csv) or a "
+                   "measured workload (`import-authors`)")
     p.add_argument("-o", "--output", required=True, help="model YAML to write (config/exec_model.yaml schema)")
     p.add_argument("--plots", metavar="DIR", help="write one PNG per fitted skill here")
     p.add_argument("--base", metavar="YAML",
@@ -164,11 +168,20 @@ def _add_fit(p: argparse.ArgumentParser) -> None:
 def _run_fit(args: argparse.Namespace) -> int:
     from timelyllm_ros.core.exec_model import ExecModelConfigError
     from timelyllm_ros.lrtrace import fit, timing_table
+    from timelyllm_ros.lrtrace.authors import timing_rows
     from timelyllm_ros.lrtrace.bag import BagError
+    from timelyllm_ros.lrtrace.measured import is_measured_file, load_measured
+    from timelyllm_ros.lrtrace.workload import WorkloadError
 
     src = Path(args.input)
+    credit = ""
     try:
-        table = timing_table.load_table(src, salvage=args.salvage)
+        if is_measured_file(src):  # `import-authors` output: a row per measured skill call
+            measured = load_measured(src)
+            table = timing_table.LoadedTable(timing_rows(measured))
+            credit = measured.credit()
+        else:
+            table = timing_table.load_table(src, salvage=args.salvage)
         if table.build is not None:  # built from a bag: say what it read
             if table.contents.salvaged_error:
                 print(f"warning: salvaged {len(table.contents.messages)} messages; "
@@ -179,7 +192,10 @@ def _run_fit(args: argparse.Namespace) -> int:
                               linear_skills=[s.strip() for s in args.linear.split(",") if s.strip()],
                               source=str(src))
         out = fit.write_model(result, args.output, base_path=args.base)
-    except (BagError, timing_table.TableError, fit.FitError, ExecModelConfigError) as err:
+        if credit:  # a model fitted to someone's data carries their credit and licence
+            out.write_text(credit + out.read_text(encoding="utf-8"), encoding="utf-8")
+    except (BagError, timing_table.TableError, fit.FitError, ExecModelConfigError,
+            WorkloadError) as err:
         return _error("fit", err)
     except OSError as err:
         return _error("fit", f"{getattr(err, 'filename', '') or ''}: {err.strerror or err}")
@@ -381,6 +397,7 @@ COMMANDS: dict[str, tuple[str, Callable, Callable]] = {
     "compose": ("compose a workload (or hand-written events) into an event list", _add_compose,
                 _run_compose),
     "replay": ("replay an event list against the planner", _add_replay, _run_replay),
+    "import-authors": (lrtrace_authors.HELP, lrtrace_authors.add, lrtrace_authors.run),
 }
 
 
