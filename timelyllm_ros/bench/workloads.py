@@ -7,10 +7,12 @@ from __future__ import annotations
 import inspect
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from timelyllm_ros.bench import paper_workloads
+from timelyllm_ros.lrtrace.measured import is_measured_file, load_measured
 from timelyllm_ros.lrtrace.workload import (Event, Workload, WorkloadError, compose, load_events,
                                             load_workload)
 
@@ -43,6 +45,9 @@ def load_workload_events(spec: str, seed: int | None,
     file that cannot be read, a workload that does not load, or a duration that is not > 0."""
     path = Path(spec)
     if path.is_file():
+        if is_measured_file(path):  # its traces are its own: the global ids would mislead
+            raise WorkloadSourceError(f"workload {spec}: a workload with measured robot times "
+                                      "(lrtrace/measured.py); `timelyllm bench` replays it")
         try:
             data = yaml.safe_load(path.read_text(encoding="utf-8"))
         except (OSError, yaml.YAMLError) as exc:
@@ -60,6 +65,24 @@ def load_workload_events(spec: str, seed: int | None,
     except ValueError as exc:
         raise WorkloadSourceError(str(exc), argument="duration_s") from None
     return workload, compose(workload)
+
+
+def load_bench_workload(spec: str, seed: int | None, duration_s: float | None
+                        ) -> tuple[Workload, list[Event], dict[str, Any]]:
+    """`load_workload_events`, plus the keyword arguments of `bench.replay.run_policy` that the
+    workload brings. A measured workload (`lrtrace import-authors`) brings its own traces and
+    TUF levels, and the measured duration of every skill call (`call_durations`), which the
+    simulated robots execute instead of sampling the execution-time model."""
+    path = Path(spec)
+    if not (path.is_file() and is_measured_file(path)):
+        return (*load_workload_events(spec, seed, duration_s), {})
+    try:
+        measured = load_measured(path, duration_s)
+    except WorkloadError as exc:
+        raise WorkloadSourceError(f"workload: {exc}") from None
+    except ValueError as exc:
+        raise WorkloadSourceError(str(exc), argument="duration_s") from None
+    return measured.workload, measured.events, measured.run_kwargs()
 
 
 def _event_list(path: Path, seed: int | None,

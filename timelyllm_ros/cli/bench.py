@@ -36,7 +36,7 @@ from timelyllm_ros.bench.progress import ReplayProgress
 from timelyllm_ros.bench.replay import run_policies
 from timelyllm_ros.bench.results import workload_block
 from timelyllm_ros.bench.sweep import format_sweep, sweep_batch_caps
-from timelyllm_ros.bench.workloads import (WorkloadSourceError, load_workload_events,
+from timelyllm_ros.bench.workloads import (WorkloadSourceError, load_bench_workload,
                                            scenario_accepts)
 from timelyllm_ros.core.policies.registry import DEFAULT_POLICY
 
@@ -210,7 +210,7 @@ def _check_policies(text: str) -> list[str]:
 
 def _load_events(args: argparse.Namespace):
     try:
-        return load_workload_events(args.workload, args.seed, args.duration_s)
+        return load_bench_workload(args.workload, args.seed, args.duration_s)
     except WorkloadSourceError as exc:
         if exc.argument == "duration_s":
             raise UsageError(f"--duration-s: {exc}") from None
@@ -355,7 +355,7 @@ def _main(args: argparse.Namespace) -> int:
         if args.requests is not None:
             raise UsageError("--requests: only for a seed paper's workload with a fixed request "
                              "count (seed003-gsm8k, seed004-api)")
-        workload, events = _load_events(args)
+        workload, events, run_kwargs = _load_events(args)
     if args.load_scale is not None:
         if scenario is not None:
             raise UsageError(f"--load-scale: workload {workload.name} is a seed paper's workload "
