@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
-from timelyllm_ros.core.skills.base import SkillCall
+from timelyllm_ros.core.skills.base import SkillCall, SkillSyntaxError
 from timelyllm_ros.core.skills.skillset import SkillSet, load_skillsets
 from timelyllm_ros.core.tuf import TUF, TufError, TufLevels, default_config_dir
 from timelyllm_ros.lrtrace.traces import Trace, TraceError, load_traces
@@ -116,7 +116,6 @@ def plan_calls(skill_set: SkillSet, plan: str) -> list[SkillCall]:
         if end is None:
             end = lang.final_segment_end(plan, start)
             if end is None:
-                from timelyllm_ros.core.skills.base import SkillSyntaxError
                 raise SkillSyntaxError("the plan ends inside a statement", start)
         calls.extend(lang.parse(plan[start:end]).calls)
         start = end
