@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, str] = {
     "top": "live view of the planner: queue, KV use, tasks",
     "plan": "dry-run a plan on a simulated robot (`timelyllm plan run PROGRAM`)",
     "soak": "run a fleet of simulated robots against the planner over ROS for minutes",
+    "faults": "inject faults (planner kill, engine error, lost robot, overload) and tabulate",
 }
 
 
