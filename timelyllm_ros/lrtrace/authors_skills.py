@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import yaml
+
+from timelyllm_ros.lrtrace.traces import read_yaml
 
 
 class AuthorsImportError(ValueError):
@@ -111,12 +112,7 @@ def load_plans(path: str | Path) -> dict[str, str]:
     """A plans file: `plans:` a list of {instruction, plan}, the instruction exactly as the
     authors' task_input. Errors name the file and the entry."""
     p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise AuthorsImportError(f"{p}: cannot read: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise AuthorsImportError(f"{p}: invalid YAML: {exc}") from None
+    data = read_yaml(p, AuthorsImportError)
     if not isinstance(data, Mapping) or not isinstance(data.get("plans"), list):
         raise AuthorsImportError(f"{p}: plans: expected a mapping with a `plans` list")
     plans: dict[str, str] = {}

@@ -27,12 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-import yaml
 
 from timelyllm_ros.core.skills.base import SkillCall, SkillSyntaxError
 from timelyllm_ros.core.skills.skillset import SkillSet, load_skillsets
 from timelyllm_ros.core.tuf import TUF, TufError, TufLevels, default_config_dir
-from timelyllm_ros.lrtrace.traces import Trace, TraceError, load_traces
+from timelyllm_ros.lrtrace.traces import Trace, TraceError, load_traces, read_yaml
 from timelyllm_ros.lrtrace.workload import Event, TaskSpec, Workload, WorkloadError
 
 FORMAT = "lrtrace-measured/1"
@@ -145,12 +144,7 @@ def load_measured(path: str | Path, duration_s: float | None = None,
     """Read and check a measured workload; `duration_s` keeps the jobs that arrive before it.
     WorkloadError names the file, the job and the field."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise WorkloadError(f"{path}: cannot read: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise WorkloadError(f"{path}: invalid YAML: {exc}") from None
+    data = read_yaml(path, WorkloadError)
     if not is_measured(data):
         raise WorkloadError(f"{path}: format: expected {FORMAT!r}")
     unknown = sorted(set(map(str, data)) - _KEYS)

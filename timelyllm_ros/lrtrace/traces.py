@@ -49,6 +49,17 @@ def lrtrace_dir() -> Path:
     return Path(__file__).resolve().parents[2] / "lrtrace"
 
 
+def read_yaml(path: Path, error: type[Exception]) -> Any:
+    """The YAML document at `path`, or `error` naming the file when it cannot be read or
+    parsed (every LRTrace file reader's first step)."""
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise error(f"{path}: cannot read: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise error(f"{path}: invalid YAML: {exc}") from None
+
+
 def default_traces_path() -> Path:
     return lrtrace_dir() / "traces.yaml"
 
@@ -56,12 +67,7 @@ def default_traces_path() -> Path:
 def load_traces(path: str | Path | None = None) -> dict[int, Trace]:
     """Load and validate a traces file; returns traces keyed by id, in id order."""
     path = Path(path) if path is not None else default_traces_path()
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise TraceError(f"{path}: cannot read: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise TraceError(f"{path}: invalid YAML: {exc}") from None
+    data = read_yaml(path, TraceError)
     return traces_from_data(data, origin=str(path))
 
 

@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import yaml
 
-from timelyllm_ros.lrtrace.traces import (CONTEXT_MAX_TOKENS, CONTEXT_MIN_TOKENS, CONTEXT_SEED,
+from timelyllm_ros.lrtrace.traces import (read_yaml, CONTEXT_MAX_TOKENS, CONTEXT_MIN_TOKENS, CONTEXT_SEED,
                                           Trace, context_text, load_traces, lrtrace_dir)
 
 
@@ -137,12 +137,7 @@ def load_workload(path_or_preset: str | Path,
                 f"{path_or_preset}: unknown workload preset (presets: {', '.join(preset_names())})"
             )
         path = matches[0]
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise WorkloadError(f"{path}: cannot read: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise WorkloadError(f"{path}: invalid YAML: {exc}") from None
+    data = read_yaml(path, WorkloadError)
     return workload_from_dict(data, origin=str(path), default_name=path.stem, traces=traces)
 
 
@@ -424,12 +419,7 @@ def save_events(path: str | Path, events: Sequence[Event], comment: str = "") ->
 def load_events(path: str | Path, traces: Mapping[int, Trace] | None = None) -> list[Event]:
     """Read an event list written by `save_events` (or by hand); errors name the event index."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise WorkloadError(f"{path}: cannot read: {exc}") from None
-    except yaml.YAMLError as exc:
-        raise WorkloadError(f"{path}: invalid YAML: {exc}") from None
+    data = read_yaml(path, WorkloadError)
     if not isinstance(data, Mapping) or not isinstance(data.get("events"), list):
         raise WorkloadError(f"{path}: events: expected a mapping with an `events` list")
     catalogue = traces if traces is not None else load_traces()
