@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-
 from timelyllm_ros.lrtrace.traces import read_yaml
 
 
