@@ -8,10 +8,17 @@ the deadlines are kept in a heap instead.
 
 The heap is lazy: whenever a task's first unreported segment or that segment's deadline may have
 changed (a segment dispatched, a segment reported, a robot's timeline rescheduled), the scheduler
-calls `note(task)`, which pushes the current (deadline, task). Older entries of the task stay in
-the heap and are dropped when they reach the top: an entry counts only while its task is still
-active and it still names that task's first unreported segment with that deadline. The current
-entry of every active task is therefore always in the heap, and the valid top is the minimum.
+calls `note(task)`. An entry counts while its task is still active, it names that task's first
+unreported segment, and its deadline is not after that segment's deadline: a lower bound. `note`
+pushes only when the task has no such entry (a new segment to wait for, or a deadline moved
+earlier); a deadline moved later keeps its old entry, which is re-keyed to the current deadline
+when it reaches the top. Entries that no longer count are dropped when they reach the top. Every
+active task thus has an entry at or below its deadline, so a top entry equal to its task's
+deadline is the minimum.
+
+Why postponements push nothing: each robot report reschedules every segment queued on that
+robot, and in a deep backlog (hundreds of tasks per robot, docs/overload.md) a push per queued
+task per report made the heap, not the engine, most of a replay's time.
 """
 
 from __future__ import annotations
@@ -33,31 +40,55 @@ class ReportDeadlines:
         # two entries of one task from ever comparing their tasks.
         self._heap: list[tuple[float, int, int, int, TaskRecord]] = []
         self._pushes = itertools.count()
+        # task id -> (task, sequence, deadline) of its lowest entry for that segment: `note`
+        # need not push while that entry is a lower bound of the segment's deadline.
+        self._lowest: dict[str, tuple[TaskRecord, int, float]] = {}
 
     def note(self, task: TaskRecord) -> None:
         """`task`'s first unreported segment, or its deadline, may have changed."""
         segment = first_unreported(task)
         if segment is None or math.isnan(segment.report_deadline_s):
             return  # nothing to wait for (a NaN deadline never expires)
-        heapq.heappush(self._heap, (segment.report_deadline_s, task.submit_index,
-                                    next(self._pushes), segment.sequence, task))
+        deadline = segment.report_deadline_s
+        lowest = self._lowest.get(task.task_id)
+        if lowest is not None and lowest[0] is task and lowest[1] == segment.sequence \
+                and lowest[2] <= deadline:
+            return  # its entry is still a lower bound; re-keyed when it reaches the top
+        self._push(deadline, segment.sequence, task)
 
-    def _is_current(self, entry: tuple[float, int, int, int, TaskRecord]) -> bool:
-        deadline, _, _, sequence, task = entry
-        if self._active.get(task.task_id) is not task:
-            return False
-        segment = first_unreported(task)
-        return segment is not None and segment.sequence == sequence \
-            and segment.report_deadline_s == deadline
+    def _push(self, deadline: float, sequence: int, task: TaskRecord) -> None:
+        heapq.heappush(self._heap, (deadline, task.submit_index, next(self._pushes), sequence,
+                                    task))
+        self._lowest[task.task_id] = (task, sequence, deadline)
 
-    def _drop_stale(self) -> None:
+    def _settle_top(self) -> None:
+        """Drop entries that no longer count and re-key postponed ones until the top entry (if
+        any) holds its task's current deadline."""
         heap = self._heap
-        while heap and not self._is_current(heap[0]):
-            heapq.heappop(heap)
+        while heap:
+            deadline, _, _, sequence, task = heap[0]
+            current = None
+            if self._active.get(task.task_id) is task:
+                segment = first_unreported(task)
+                if segment is not None and segment.sequence == sequence:
+                    current = segment.report_deadline_s
+            if current is None or not deadline <= current:
+                # Ended, reported, or superseded by a lower entry pushed when it moved earlier.
+                heapq.heappop(heap)
+                lowest = self._lowest.get(task.task_id)
+                if lowest is not None and lowest[0] is task and lowest[1] == sequence \
+                        and lowest[2] == deadline:
+                    del self._lowest[task.task_id]  # (so that `note` pushes again)
+                continue
+            if deadline < current:  # postponed since it was pushed
+                heapq.heappop(heap)
+                self._push(current, sequence, task)
+                continue
+            return
 
     def earliest(self) -> float | None:
         """The earliest deadline of an active task's first unreported segment (None: none)."""
-        self._drop_stale()
+        self._settle_top()
         return self._heap[0][0] if self._heap else None
 
     def overdue(self, now: float) -> list[TaskRecord]:
@@ -68,7 +99,7 @@ class ReportDeadlines:
         kept = []
         heap = self._heap
         while True:
-            self._drop_stale()
+            self._settle_top()
             if not heap or not heap[0][0] < now:
                 break
             entry = heapq.heappop(heap)
