@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
 from fakes import LEVELS
@@ -18,18 +19,27 @@ from timelyllm_ros.core.task import SegmentRecord, TaskRecord, TaskSpec
 LATENCY = 0.008
 
 
-def _segment(seq, dispatched, estimate, done):
-    return SegmentRecord(seq, "x;", (), False, estimate, dispatched, done, done + 5.0)
+def _segment(seq, dispatched, estimate, done, deadline=None):
+    return SegmentRecord(seq, "x;", (), False, estimate, dispatched, done,
+                         done + 5.0 if deadline is None else deadline)
 
 
 class _ScanTimeline:
-    """The timeline as a list scanned on every call (what RobotTimelines replaced)."""
+    """The reference: a list scanned on every call, both chains recomputed from scratch."""
 
     def __init__(self):
-        self.pending: list[SegmentRecord] = []
+        self.pending: list[tuple[SegmentRecord, float]] = []  # (segment, longest)
+        self.latest_start: dict[int, float] = {}
 
     def free_at(self, earliest):
-        return max([earliest] + [s.estimated_done_s for s in self.pending])
+        return max([earliest] + [s.estimated_done_s for s, _ in self.pending])
+
+    def latest_free_at(self, earliest):
+        return max([earliest] + [self.latest_start[id(s)] + longest
+                                 for s, longest in self.pending])
+
+
+SLACK = 5.0  # report deadline = latest start + longest + SLACK
 
 
 @settings(max_examples=60, deadline=None)
@@ -38,38 +48,42 @@ class _ScanTimeline:
                 min_size=1, max_size=60))
 def test_timeline_answers_as_a_scan_through_dispatches_reports_and_ends(ops):
     timeline, scan = RobotTimelines(), _ScanTimeline()
-    shadow: dict[int, tuple[float, float]] = {}  # id -> (done, deadline) the scan computes
     now, seq = 0.0, 0
     for op, dt, pick in ops:
         now += dt
         if op == "dispatch":
-            # As the scheduler dispatches: after whatever the robot is expected to finish.
-            start = max(now + LATENCY, timeline.free_at("r", now + LATENCY))
-            seg = _segment(seq, now, dt, start + dt)
+            # As the scheduler dispatches: after whatever the robot is expected to finish, the
+            # deadline after whatever it may take at the longest.
+            arrive = now + LATENCY
+            start = timeline.free_at("r", arrive)
+            latest = max(start, timeline.latest_free_at("r", arrive))
+            longest = 2.0 * dt
+            seg = _segment(seq, now, dt, start + dt, latest + longest + SLACK)
             seq += 1
-            timeline.dispatched("r", seg)
-            scan.pending.append(seg)
+            timeline.dispatched("r", seg, latest_start=latest, longest_s=longest)
+            scan.pending.append((seg, longest))
+            scan.latest_start[id(seg)] = latest
         elif scan.pending:
             if op == "report_oldest":
-                seg = scan.pending[0]
+                entry = scan.pending[0]
             else:  # a robot serving tasks in arrival order reports out of dispatch order
-                seg = scan.pending[pick % len(scan.pending)]
-            scan.pending.remove(seg)
+                entry = scan.pending[pick % len(scan.pending)]
+            scan.pending.remove(entry)
             if op == "end":
-                timeline.settled("r", [seg, _segment(99, 0.0, 0.0, 0.0)])  # + one never queued
+                timeline.settled("r", [entry[0], _segment(99, 0.0, 0.0, 0.0)])  # + one not queued
             else:
-                timeline.settled("r", [seg])
-                before = {id(s): (s.estimated_done_s, s.report_deadline_s) for s in scan.pending}
+                timeline.settled("r", [entry[0]])
                 timeline.reschedule("r", now, LATENCY)
-                free = now  # the reference recurrence
-                for s in scan.pending:
-                    start = max(s.dispatched_s + LATENCY, free)
-                    shift = start + s.estimated_execution_s - before[id(s)][0]
-                    shadow[id(s)] = (before[id(s)][0] + shift, before[id(s)][1] + shift)
-                    free = shadow[id(s)][0]
-                for s in scan.pending:
-                    assert (s.estimated_done_s, s.report_deadline_s) == shadow[id(s)]
-        assert timeline.free_at("r", now) == scan.free_at(now)
+                free = latest = now  # the reference recurrences
+                for s, longest in scan.pending:
+                    ready = s.dispatched_s + LATENCY
+                    start, latest_start = max(ready, free), max(ready, latest)
+                    assert s.estimated_done_s == pytest.approx(start + s.estimated_execution_s)
+                    assert s.report_deadline_s == pytest.approx(latest_start + longest + SLACK)
+                    scan.latest_start[id(s)] = latest_start
+                    free, latest = s.estimated_done_s, latest_start + longest
+        assert timeline.free_at("r", now) == pytest.approx(scan.free_at(now))
+        assert timeline.latest_free_at("r", now) == pytest.approx(scan.latest_free_at(now))
         assert timeline.pending_count("r") == len(scan.pending)
 
 

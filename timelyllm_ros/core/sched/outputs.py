@@ -171,15 +171,18 @@ class OutputStep:
                     self._robots.free_at(task.spec.robot_id, arrive))
         done = start + estimate
         # Priorities plan with the minimum (the paper's rule); the dead-robot timeout must not:
-        # a sweep's minimum is one 45-degree step, its longest a full turn.
+        # a sweep's minimum is one 45-degree step, its longest a full turn. Nor may it assume
+        # the minimum for the segments queued ahead of this one (robot_timeline.py).
         longest = self.exec_model.estimate_segment_max(calls) if calls else 0.0
+        latest_start = max(start, self._robots.latest_free_at(task.spec.robot_id, arrive))
         segment = SegmentRecord(
             sequence=len(task.segments), text=text, calls=calls, is_last=is_last,
             estimated_execution_s=estimate, dispatched_s=now, estimated_done_s=done,
-            report_deadline_s=start + longest + self.config.network_latency_s + max(
+            report_deadline_s=latest_start + longest + self.config.network_latency_s + max(
                 self.config.report_timeout_factor * estimate, self.config.report_timeout_min_s))
         task.segments.append(segment)
-        self._robots.dispatched(task.spec.robot_id, segment, owner=task)
+        self._robots.dispatched(task.spec.robot_id, segment, owner=task,
+                                latest_start=latest_start, longest_s=longest)
         self._deadlines.note(task)
         if segment.sequence == 0:
             task.response_time_s = arrive - task.spec.arrival_s
