@@ -35,7 +35,8 @@ def _check_everyone_told(row: dict, state: str, reason_part: str) -> None:
     # Every robot was inside a segment at the fault and stopped it (its report says so).
     assert set(row["robots"]) == ROBOTS
     for robot, stop in row["robots"].items():
-        assert stop["stopped_after_s"] is not None and stop["how"].startswith("cancelled"), (robot, stop)
+        assert stop["stopped_after_s"] is not None, (robot, stop)
+        assert stop["how"].startswith("cancelled"), (robot, stop)
 
 
 def test_planner_sigterm_and_engine_exception_rows(tmp_path, capsys):
@@ -75,7 +76,7 @@ def test_planner_sigterm_and_engine_exception_rows(tmp_path, capsys):
     written = json.loads((tmp_path / "out" / "faults.json").read_text())
     assert [r["row"] for r in written["rows"]] == rows
     assert written["rows"][0]["tasks"] == term["tasks"]
-    table = (tmp_path / "out" / "faults.md").read_text()
+    table = (tmp_path / "out" / "faults_table.md").read_text()
     assert table.strip() == markdown(results)
     assert len(table.strip().splitlines()) == 2 + len(rows)
     assert "4/4, last" in table

@@ -3,10 +3,11 @@
     timelyllm faults [--only ROW,...] [--out DIR]
 
 Rows: planner-sigterm, planner-sigkill, engine-exception, executor-sigkill, dds-disconnect,
-deep-overload (docs/faults.md). Each starts its own planner (simulated engine), robots and
-client, puts PlanTask goals in flight, injects the fault and measures every task's end, which
-clients were told, which robots stopped and whether queue, KV, robot goals and threads came back
-to idle. Prints progress and a table; `--out` writes faults.json (every figure) and faults.md.
+deep-overload, deep-overload-paced (docs/faults.md). Each starts its own planner (simulated
+engine), robots and client, puts PlanTask goals in flight, injects the fault and measures every
+task's end, which clients were told, which robots stopped and whether queue, KV, robot goals
+and threads came back to idle. Prints progress and a table; `--out` writes faults.json (every
+figure) and faults_table.md.
 Exit status 0 when every row ran (whatever it found), 1 when a row could not run, 2 on bad
 arguments. The dds-disconnect row needs root and iproute2 (a network namespace).
 """
@@ -23,10 +24,11 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="timelyllm faults", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="rows:\n" + "\n".join(f"  {k:18} {v}" for k, v in ROWS.items()))
+                                 epilog="rows:\n" + "\n".join(f"  {k:18} {v}"
+                                                               for k, v in ROWS.items()))
     ap.add_argument("--only", default="", metavar="ROW,...", help="run only these rows")
     ap.add_argument("--out", type=Path, default=None,
-                    help="write faults.json and faults.md to this directory")
+                    help="write faults.json and faults_table.md to this directory")
     ap.add_argument("--log-dir", type=Path, default=None,
                     help="node logs, one folder per row (default: a temporary directory)")
     ap.add_argument("--domain-base", type=int, default=DEFAULT_DOMAIN_BASE,
@@ -49,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
                          say=lambda line: print(line, flush=True))
     print_table(results)
     if args.out is not None:
-        print(f"wrote {args.out}/faults.json, {args.out}/faults.md")
+        print(f"wrote {args.out}/faults.json, {args.out}/faults_table.md")
     return 1 if any("error" in r for r in results) else 0
 
 

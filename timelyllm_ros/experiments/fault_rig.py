@@ -134,7 +134,8 @@ class Observer:
     def _on_status(self, msg) -> None:
         if msg.state in TERMINAL:
             with self.lock:
-                self.terminal_status.setdefault(msg.task_id, (msg.state, msg.reason, stamp_s(msg.stamp)))
+                self.terminal_status.setdefault(msg.task_id,
+                                                (msg.state, msg.reason, stamp_s(msg.stamp)))
 
     def _on_diag(self, msg) -> None:
         now = time.time()
@@ -185,7 +186,8 @@ class Observer:
 
     def results(self, tasks: list[str]) -> int:
         with self.lock:
-            return sum(1 for t in tasks if self.goals[t].result_at is not None or self.goals[t].refused)
+            return sum(1 for t in tasks
+                       if self.goals[t].result_at is not None or self.goals[t].refused)
 
     def running(self, robot: str) -> bool:
         with self.lock:
@@ -322,8 +324,9 @@ class Rig:
 
     def exit_codes(self) -> dict[str, int]:
         codes = {label: p.returncode for label, p in self.group.procs.items() if p.poll() is not None}
-        if self.netns is not None and self.netns.proc is not None and self.netns.proc.poll() is not None:
-            codes[f"{self.netns_robot}/executor"] = self.netns.proc.returncode
+        netns_proc = self.netns.proc if self.netns is not None else None
+        if netns_proc is not None and netns_proc.poll() is not None:
+            codes[f"{self.netns_robot}/executor"] = netns_proc.returncode
         return codes
 
     def stop(self) -> None:

@@ -4,9 +4,10 @@ process of its own, on a ROS domain of its own).
 Rows 1-5 share one set-up: the planner on the wall-clock simulated engine; four arms, two as
 executor nodes (arm_1, arm_2) and two in a fleet simulator (arm_3, arm_4), at time scale 1 (a
 pick or place takes its modelled 4 s, a check 1 s); one PlanTask goal per arm with LRTrace
-trace 9 (object stacking, 11 statements, about 30 s). The fault comes once every arm is executing a segment and the
-planner has dispatched at least two per task. Robots keep their default
-`planner_lost_after_s` (4 s); the planner its defaults from config/planner.yaml.
+trace 9 (object stacking, 11 statements, about 30 s). Before the tasks a warm-up task per
+robot (cancelled) and the baseline; the fault comes once every arm is executing a segment and
+the planner has dispatched at least two per task. Robots keep their default
+`planner_lost_after_s` (4 s), the planner its defaults from config/planner.yaml.
 
 Each function returns the row as a dict of plain values (JSON).
 """
@@ -239,12 +240,18 @@ def dds_disconnect(log_dir: Path, say: Say) -> dict:
         fault_at = time.time()
         netns.cut()
         say(f"fault: link to arm_1 cut ({netns.host_if} down)")
+        graph = _GraphWatch(rig, "/arm_1/execute_segment/_action/send_goal", fault_at, 60)
         wait_terminal(rig, tasks, TERMINAL_WAIT_S, say)
         affected = [t for t in tasks if t.endswith("-arm_1")]
         row = outcomes(rig, tasks, fault_at, affected)
         log = log_dir / "arm_1__executor.log"
         row["robots"] = robots_stopped(rig, affected, fault_at, LOST_S + 5, logs={"arm_1": log},
                                        unreachable=("arm_1",))
+        # The cut stays until every task has ended and the graph has dropped the robot (its
+        # DDS participant's lease), or a minute: what a robot out of range for that long sees.
+        row["graph_forgot_after_s"] = graph.result()
+        say(f"the planner's side dropped arm_1 from the ROS graph {row['graph_forgot_after_s']} s "
+            "after the cut")
         cut_s = time.time() - fault_at
         netns.restore()
         restored_at = time.time()
@@ -261,11 +268,18 @@ def dds_disconnect(log_dir: Path, say: Say) -> dict:
         rig.stop()
 
 
+def deep_overload_paced(log_dir: Path, say: Say) -> dict:
+    """The same goals at 100 a second (2.4 s): slow enough that the action layer loses none
+    (sent at once, about half are lost before the planner sees them: the burst row), still
+    more than the planner serves in time."""
+    return deep_overload(log_dir, say, rate_per_s=100.0)
+
+
 def deep_overload(log_dir: Path, say: Say, goals: int = 240, drones: int = 30,
-                  arms: int = 10) -> dict:
-    """`goals` PlanTask goals sent at once to a fleet simulator of drones + arms (robot time
-    scale 1: modelled durations as they are): LRTrace instructions of each robot's kind (as
-    the soak draws them), a fifth urgent, robots in turn."""
+                  arms: int = 10, rate_per_s: float | None = None) -> dict:
+    """`goals` PlanTask goals sent at once (or `rate_per_s` a second) to a fleet simulator of
+    drones + arms (robot time scale 1: modelled durations as they are): LRTrace instructions
+    of each robot's kind (as the soak draws them), a fifth urgent, robots in turn."""
     import random
 
     from timelyllm_ros.experiments.soak import soak_instructions
@@ -283,6 +297,8 @@ def deep_overload(log_dir: Path, say: Say, goals: int = 240, drones: int = 30,
         tasks = []
         burst_at = time.time()
         for i in range(goals):
+            if rate_per_s:
+                time.sleep(max(0.0, burst_at + i / rate_per_s - time.time()))
             robot = robots[i % len(robots)]
             task_id = f"burst-{i:04d}-{robot}"
             rig.send(task_id, robot, rng.choice(instructions[rig.kind(robot)]),
@@ -299,6 +315,7 @@ def deep_overload(log_dir: Path, say: Say, goals: int = 240, drones: int = 30,
         wait_terminal(rig, answered, 900, say)
         row = outcomes(rig, tasks, last_at, tasks)
         row["burst"] = {"goals": goals, "robots": len(robots), "drones": drones, "arms": arms,
+                        "rate_per_s": rate_per_s,
                         "sent_within_s": round(sent_s, 3), "answered": len(answered),
                         "answered_within_s": round(last_at - burst_at, 2),
                         "unanswered": [t for t in tasks if t not in answered]}

@@ -36,11 +36,12 @@ ROWS: dict[str, str] = {
     "executor-sigkill": "executor SIGKILL",
     "dds-disconnect": "DDS-level disconnect of a robot (link cut)",
     "deep-overload": "deep overload (240 goals at once, 40 robots)",
+    "deep-overload-paced": "deep overload, paced (240 goals at 100/s, 40 robots)",
 }
 # Row i runs on base + i; within 0-101, the domains whose DDS ports stay below Linux's
 # ephemeral port range.
 DEFAULT_DOMAIN_BASE = 60
-ROW_TIMEOUT_S = {"deep-overload": 1500.0}
+ROW_TIMEOUT_S = {"deep-overload": 1500.0, "deep-overload-paced": 1500.0}
 DEFAULT_ROW_TIMEOUT_S = 600.0
 
 
@@ -67,7 +68,7 @@ def run_faults(rows: list[str], *, out: Path | None = None, log_dir: Path | None
                domain_base: int = DEFAULT_DOMAIN_BASE, say: Callable[[str], None] = print,
                row_timeout_s: dict[str, float] | None = None) -> list[dict]:
     """Run `rows` one after the other, each in a child process; returns the rows' dicts (a
-    row whose child failed has `error`). With `out`, writes faults.json and faults.md there."""
+    row whose child failed has `error`). With `out`, writes faults.json and faults_table.md there."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="timelyllm-faults-"))
     results = []
     for row in rows:

@@ -1,6 +1,6 @@
 """The fault runner's table (experiments/faults.py): one row per fault, printed with `rich` when
 it is installed (plain text otherwise), and written as faults.json (every figure) and
-faults.md (the table) with `--out`."""
+faults_table.md (the table) with `--out`."""
 
 from __future__ import annotations
 
@@ -42,7 +42,8 @@ def happened(r: dict) -> str:
         served = (f"; first segments p50 {b['response_p50_s']:.2f} s, p99 "
                   f"{b['response_p99_s']:.2f} s, mean utility {b['mean_utility']:.2f}, "
                   f"{b['utility_at_most_zero']} at or below 0" if b.get("served") else "")
-        parts.insert(0, f"{b['goals']} goals sent at once to {b['robots']} robots; "
+        how = f"at {b['rate_per_s']:g}/s" if b.get("rate_per_s") else "at once"
+        parts.insert(0, f"{b['goals']} goals sent {how} to {b['robots']} robots; "
                         f"{b['answered']} answered within {b['answered_within_s']:.2f} s"
                         + served)
     return "; ".join(parts)
@@ -78,8 +79,9 @@ def stopped(r: dict) -> str:
     if not robots:
         return "-"
     times = [v["stopped_after_s"] for v in robots.values() if v["stopped_after_s"] is not None]
-    hows = sorted({v["how"].split(" (")[0].split(";")[0] for v in robots.values()
-                   if v["stopped_after_s"] is not None})
+    # "cancelled after N s (...)" -> "cancelled", "planner lost: /planner gave ..." -> "planner lost"
+    hows = sorted({v["how"].split(":")[0].split(" after")[0].split(" (")[0]
+                   for v in robots.values() if v["stopped_after_s"] is not None})
     text = f"{len(times)}/{len(robots)} stopped mid-segment"
     if times:
         text += f" within {max(times):.2f} s ({'; '.join(hows)})"
@@ -121,10 +123,12 @@ def _failure(check: str, report: dict) -> str:
     if check == "planner_action_clients":
         c = p["segment_clients"]
         return ("the planner's ExecuteSegment action clients per robot "
-                f"{sorted(set(c['before'].values()))} before, {sorted(set(c['after'].values()))} after")
+                f"{sorted(set(c['before'].values()))} before, "
+                f"{sorted(set(c['after'].values()))} after")
     if check == "planner_queue_kv":
         return (f"planner queue {p.get('queued')}, running {p.get('running')}, active "
-                f"{p.get('active_tasks')}, KV {p.get('kv_free_blocks')}/{p.get('kv_total_blocks')} free")
+                f"{p.get('active_tasks')}, KV {p.get('kv_free_blocks')}/"
+                f"{p.get('kv_total_blocks')} free")
     if check == "planner_goals":
         return f"robot goals outstanding {p.get('robot_goals_outstanding')}"
     if check.endswith("_threads"):
@@ -173,7 +177,7 @@ def write(rows: list[dict], out: Path, log_dir: Path) -> None:
     meta = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(),
             "python": platform.python_version(), "cpus": _cpus(), "logs": str(log_dir)}
     (out / "faults.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
-    (out / "faults.md").write_text(markdown(rows) + "\n")
+    (out / "faults_table.md").write_text(markdown(rows) + "\n")
 
 
 def _cpus() -> int:
