@@ -13,8 +13,10 @@ from timelyllm_ros.core.sched.interface import Policy
 from timelyllm_ros.core.tuf import default_config_dir
 
 ENGINES = ("sim", "vllm")
-# queue: a busy robot serves its tasks in arrival order; parallel: every task has its own robot.
-ROBOT_MODES = ("queue", "parallel")
+# queue: a busy robot serves its tasks in arrival order; dispatch: a robot runs segments in the
+# order they reach it, across tasks (as ros/robot_server.py does); parallel: every task has its
+# own robot (bench/simulated_robots.py).
+ROBOT_MODES = ("queue", "dispatch", "parallel")
 
 # Defaults:
 # - suspended generations are resumed as soon as admission allows (a resume lead only delays them,
@@ -86,8 +88,18 @@ class BenchConfig:
     skillsets_dir: str | Path | None = None
     exec_model_path: str | Path | None = None
     tuf_levels_path: str | Path | None = None
-    # Abort a run whose clock passes the last arrival by this much (a stuck replay).
-    max_overrun_s: float = 3600.0
+    # Abort a run in which nothing progressed (no task arrived or ended, no segment was
+    # dispatched, no robot reported) for this long on the engine's clock: a livelock (engine
+    # steps that produce nothing) or a deadlock. It must exceed the longest quiet gap of a
+    # healthy run, one robot executing one segment while nothing else happens (tens of seconds
+    # for the traces' longest calls); docs/overload.md.
+    max_stall_s: float = 600.0
+    # Optional hard limit: abort a run whose clock passes the last arrival by this much, even
+    # if it still progresses (a test that wants a livelock with stray progress cut short).
+    # None: no limit. A fixed limit cannot tell a stuck run from a deep but draining backlog:
+    # the old default of 3600 s aborted every policy on a workload whose busiest robot was
+    # given 4,144 s of execution and finished 3,965 s after the last arrival (docs/overload.md).
+    max_overrun_s: float | None = None
     # Simulated engine: most running requests (vLLM's max_num_seqs); None = the engine default.
     max_num_seqs: int | None = None
 
@@ -104,6 +116,10 @@ class BenchConfig:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
                 raise ValueError(f"{key}: must be an integer >= 1 or None, got {value!r}")
+        if not self.max_stall_s > 0:
+            raise ValueError(f"max_stall_s: must be > 0, got {self.max_stall_s}")
+        if self.max_overrun_s is not None and not self.max_overrun_s > 0:
+            raise ValueError(f"max_overrun_s: must be > 0 or None, got {self.max_overrun_s}")
         if self.resume_lead_s is not None and not self.resume_lead_s >= 0:
             raise ValueError(f"resume_lead_s: must be >= 0, got {self.resume_lead_s}")
 

@@ -49,6 +49,7 @@ from timelyllm_ros.bench.results import NAN, RunResult, SegmentResult, TaskResul
 from timelyllm_ros.bench.simulated_robots import SimulatedRobots
 from timelyllm_ros.core.engine.base import PRESERVE, EngineAdapter
 from timelyllm_ros.core.exec_model import ExecutionTimeModel
+from timelyllm_ros.core.lifecycle import TERMINAL_STATES
 from timelyllm_ros.core.sched.interface import SegmentDispatch, TaskRejected
 from timelyllm_ros.core.sched.scheduler import SchedulerConfig, SegmentScheduler
 from timelyllm_ros.core.skills.skillset import SkillSet, load_skillsets
@@ -60,21 +61,32 @@ from timelyllm_ros.lrtrace.workload import Event, Workload
 # progress(tasks ended, tasks in all, seconds on the engine's clock since the start)
 ProgressFn = Callable[[int, int, float], None]
 
+# Engine steps in a row that took no time: a step computes nothing then (the simulated engine's
+# clock advances by what it computes). A healthy run has at most a few in a row (a step in which
+# every running request was preempted); this many means the scheduler waits on requests the
+# engine no longer works on, which `max_stall_s` cannot see because the clock stands still.
+STILL_STEPS_LIMIT = 1000
+
 
 class _Listener:
     """The scheduler's listener: segments go to the robots; a task that ends without finishing
-    frees its robot; every first terminal status is passed on."""
+    frees its robot; every first terminal status is passed on. Both count as progress for the
+    replay's stall check (`progress()` is called with no argument)."""
 
-    def __init__(self, robots: SimulatedRobots, on_terminal: Callable[[TaskSnapshot], None]):
+    def __init__(self, robots: SimulatedRobots, on_terminal: Callable[[TaskSnapshot], None],
+                 progress: Callable[[], None]):
         self.robots = robots
         self.on_terminal = on_terminal
+        self.progress = progress
         self.terminal: set[str] = set()
 
     def on_segment(self, dispatch: SegmentDispatch) -> None:
+        self.progress()
         self.robots.dispatch(dispatch)
 
     def on_status(self, snapshot: TaskSnapshot) -> None:
         if snapshot.is_terminal and snapshot.task_id not in self.terminal:
+            self.progress()
             self.terminal.add(snapshot.task_id)
             if snapshot.state != "done":
                 self.robots.drop(snapshot.task_id)
@@ -214,7 +226,17 @@ def run_policy(events: Sequence[Event], policy_name: str, workload: Workload,
                              lambda at, tid, seq, st, fin: push(at, "report", (tid, seq, st, fin)),
                              call_durations=call_durations)
     loop = _ClosedLoop(events)
-    listener = _Listener(robots, lambda snap: (on_terminal(snap), loop.task_ended(snap.task_id)))
+    # Engine-clock times of the last progress (a task arrived or ended, a segment went out, a
+    # robot reported) and of the last engine step: a run is stuck when the first stops moving,
+    # and the second, after the last arrival, is when the planner's backlog had drained.
+    last_progress = last_step = engine.now()
+
+    def note_progress() -> None:
+        nonlocal last_progress
+        last_progress = engine.now()
+
+    listener = _Listener(robots, lambda snap: (on_terminal(snap), loop.task_ended(snap.task_id)),
+                         note_progress)
     scheduler = SegmentScheduler(
         engine, policy, dict(skill_sets), exec_model, listener,
         SchedulerConfig(network_latency_s=latency, batch_cap=config.cap_for(policy),
@@ -222,7 +244,8 @@ def run_policy(events: Sequence[Event], policy_name: str, workload: Workload,
                         report_timeout_min_s=config.report_timeout_min_s))
     scheduler.warm_prefix_cache()
 
-    t0 = engine.now()
+    t0 = last_progress = last_step = engine.now()
+    still = 0  # engine steps in a row that took no time
     meta: dict[str, tuple[Any, Trace, int]] = {}
     for event in loop.open_events:
         push(t0 + event.time_s, "arrival", event)
@@ -245,6 +268,7 @@ def run_policy(events: Sequence[Event], policy_name: str, workload: Workload,
             now = engine.now()
             while heap and heap[0][0] <= now:
                 at, _, kind, payload = heapq.heappop(heap)
+                last_progress = now
                 if kind == "arrival":
                     arrivals_left -= 1
                     for spec in payload.tasks:  # before submit: a rejection ends a task at once
@@ -256,11 +280,21 @@ def run_policy(events: Sequence[Event], policy_name: str, workload: Workload,
                     scheduler.on_report(task_id, seq, started, finished, True)
             if arrivals_left == 0 and len(listener.terminal) >= len(scheduler.tasks):
                 break
-            if now > last_arrival + config.max_overrun_s:
-                stuck = [t.task_id for t in scheduler.active_tasks()][:5]
+            if config.max_overrun_s is not None and now > last_arrival + config.max_overrun_s:
                 raise RuntimeError(f"{policy_name}: replay still running {config.max_overrun_s:.0f} s "
-                                   f"after the last arrival (active tasks e.g. {stuck})")
+                                   f"after the last arrival ({_stuck_state(scheduler, engine)})")
             progressed = scheduler.tick()
+            if progressed:
+                still = still + 1 if engine.now() == last_step else 0
+                last_step = engine.now()
+                if still >= STILL_STEPS_LIMIT:
+                    raise RuntimeError(f"{policy_name}: replay stuck: {still} engine steps in a row "
+                                       f"took no time ({_stuck_state(scheduler, engine)})")
+            # After the tick: an overdue report deadline it acted on ended a task (progress).
+            if engine.now() > last_progress + config.max_stall_s:
+                raise RuntimeError(f"{policy_name}: replay stuck: nothing progressed for "
+                                   f"{engine.now() - last_progress:.0f} s "
+                                   f"({_stuck_state(scheduler, engine)})")
             if loop.has_ready():
                 release_ready(engine.now())
                 continue
@@ -290,12 +324,32 @@ def run_policy(events: Sequence[Event], policy_name: str, workload: Workload,
                      fetch_overhead_s=list(scheduler.fetch_overhead_s), steps=scheduler.steps,
                      clock_s=clock_s, wall_s=time.perf_counter() - wall_start,
                      pauses=pause_summary(scheduler),
+                     last_arrival_s=last_arrival - t0, last_step_s=last_step - t0,
+                     told=len(listener.terminal), end_state=end_state(scheduler, engine),
                      config={**config.describe(), "seed": seed, "network_latency_s": latency,
                              "policy_batch_cap": config.cap_for(policy),
                              "engine_prefix_cache": prefix_cache,
                              "prompt_tokens_min": min(
                                  (len(t.prompt_ids) for t in scheduler.tasks.values()
                                   if t.prompt_ids), default=0)})
+
+
+def end_state(scheduler: SegmentScheduler, engine: EngineAdapter) -> dict[str, int]:
+    """What the planner still holds: queued and running generations, non-terminal tasks,
+    requests the engine has not finished, parked generations, and KV blocks not free (a block
+    the prefix cache keeps for reuse counts as free, as in vLLM). All zero once a run drained."""
+    kv = engine.kv_usage()
+    return {"queued": scheduler.queue_length(), "running": len(scheduler.running_request_ids()),
+            "active_tasks": len(scheduler.active_tasks()),
+            "engine_requests": int(engine.has_unfinished_requests()),
+            "parked": len(engine.paused_generations()),
+            "kv_blocks_used": int(kv.total_blocks) - int(kv.free_blocks)}
+
+
+def _stuck_state(scheduler: SegmentScheduler, engine: EngineAdapter) -> str:
+    stuck = [t.task_id for t in scheduler.active_tasks()][:5]
+    held = ", ".join(f"{k} {v}" for k, v in end_state(scheduler, engine).items())
+    return f"{held}; active tasks e.g. {stuck}"
 
 
 def pause_summary(scheduler: SegmentScheduler) -> dict[str, int]:
@@ -366,7 +420,15 @@ def _task_result(task: TaskRecord, meta: tuple, robots: SimulatedRobots, t0: flo
         robot_blocked_s=blocked, execution_s=execution, completion_s=completion,
         resumes=task.resumes, latency_s=latency,
         generated_tokens=len(task.generated.token_ids), event_id=event_id, segments=segments,
-        generation_spans=_spans(task, t0, end))
+        generation_spans=_spans(task, t0, end), planned_s=_planned(task) - t0)
+
+
+def _planned(task: TaskRecord) -> float:
+    """When the planner was done with `task`: its generation finished, or it ended first."""
+    for state, at in task.lifecycle.history:
+        if state == "awaiting_robot" or state in TERMINAL_STATES:
+            return at
+    return NAN
 
 
 def run_policies(events: Sequence[Event], policies: Iterable[str], workload: Workload,

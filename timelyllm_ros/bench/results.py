@@ -72,6 +72,9 @@ class TaskResult:
     segments: list[SegmentResult] = field(default_factory=list)
     # Intervals in which the task's generation was running in the engine.
     generation_spans: list[tuple[float, float]] = field(default_factory=list)
+    # When the planner was done with it: its plan fully generated, or the task ended first
+    # (shed, failed, ...). NaN where the run does not record it.
+    planned_s: float = NAN
 
     @property
     def is_done(self) -> bool:
@@ -90,6 +93,16 @@ class RunResult:
     # Suspensions by pause handling and the scheduler's evictions of parked generations
     # (`pause_summary`); empty where the run has none to report.
     pauses: dict[str, int] = field(default_factory=dict)
+    # How the run drained (NaN / empty where the run does not record it, e.g. the ROS replay).
+    # Times are seconds from the start, on the engine's clock: the last arrival, and the end of
+    # the last engine step (after the last arrival, when the planner's own backlog was gone;
+    # `clock_s` also waits for the robots).
+    last_arrival_s: float = NAN
+    last_step_s: float = NAN
+    # Tasks whose terminal status reached the listener (the clients that were told).
+    told: int = 0
+    # What the planner still held at the end (bench.replay.end_state): all zeros when idle.
+    end_state: dict[str, int] = field(default_factory=dict)
 
     @property
     def scheduling_overhead_ms(self) -> float:

@@ -8,8 +8,11 @@ calls are executed or generated in.
 Busy robots (`mode="queue"`, the default): a robot serves its tasks in arrival order, like a real
 robot that does not interleave two plans; segments of a newer task wait until the robot has
 finished the last segment of every earlier task. The time a segment waits for *another* task is
-recorded per task (`blocked_s`) because it is not the LLM's doing. `mode="parallel"` gives every
-task its own robot (no blocking).
+recorded per task (`blocked_s`) because it is not the LLM's doing. `mode="dispatch"`: a robot
+runs every segment in the order the segments reach it, whatever their task, as the ROS executor
+does (ros/robot_server.py) and as the scheduler's robot timelines assume; a segment already
+handed to the robot runs even if its task ends meanwhile (the executor would stop it).
+`mode="parallel"` gives every task its own robot (no blocking).
 """
 
 from __future__ import annotations
@@ -88,11 +91,12 @@ class SimulatedRobots:
         return float(self.exec_model.sample_segment((call,), rng))
 
     def add_task(self, task_id: str, task_num: int, robot_id: str) -> None:
-        key = robot_id if self.mode == "queue" else f"{robot_id}/{task_id}"
+        key = f"{robot_id}/{task_id}" if self.mode == "parallel" else robot_id
         rt = _RobotTask(task_id, task_num)
         self._tasks[task_id] = rt
         self._robot_of[task_id] = key
-        self._queues.setdefault(key, deque()).append(rt)
+        if self.mode != "dispatch":  # (a dispatch-order robot needs no queue of tasks)
+            self._queues.setdefault(key, deque()).append(rt)
         self._free_at.setdefault(key, -math.inf)
 
     def dispatch(self, segment: SegmentDispatch) -> None:
@@ -100,6 +104,10 @@ class SimulatedRobots:
         rt = self._tasks[task_id]
         rt.pending.append(_PendingSegment(segment.sequence, tuple(segment.calls), segment.is_last,
                                           segment.dispatched_s + self.latency_s))
+        if self.mode == "dispatch":
+            # Dispatches come in time order, so running each now keeps the robot's FIFO order.
+            self._execute(self._robot_of[task_id], rt, rt.pending.popleft())
+            return
         self._advance(self._robot_of[task_id])
 
     def drop(self, task_id: str) -> None:
@@ -110,7 +118,8 @@ class SimulatedRobots:
             return
         rt.dropped = True
         rt.pending.clear()
-        self._advance(self._robot_of[task_id])
+        if self.mode != "dispatch":
+            self._advance(self._robot_of[task_id])
 
     def blocked_s(self, task_id: str) -> float:
         return self._tasks[task_id].blocked_s
@@ -118,27 +127,30 @@ class SimulatedRobots:
     def execution_s(self, task_id: str) -> float:
         return self._tasks[task_id].execution_s
 
+    def _execute(self, robot: str, rt: _RobotTask, seg: _PendingSegment) -> None:
+        """Run `seg` of task `rt` on `robot` as soon as both are ready; schedule its report."""
+        own_ready = max(seg.ready_s, rt.last_finish)
+        start = max(own_ready, self._free_at[robot])
+        rt.blocked_s += start - own_ready
+        duration = 0.0
+        for call in seg.calls:
+            duration += self.call_duration(rt.task_num, rt.next_call, call)
+            rt.next_call += 1
+        finish = start + duration
+        rt.execution_s += duration
+        rt.last_finish = finish
+        self._free_at[robot] = finish
+        self._schedule_report(finish + self.latency_s, rt.task_id, seg.sequence, start, finish)
+        if seg.is_last:
+            rt.finished = True
+
     def _advance(self, robot: str) -> None:
         queue = self._queues[robot]
         while queue:
             head = queue[0]
             while head.pending and not head.dropped:
-                seg = head.pending.popleft()
-                own_ready = max(seg.ready_s, head.last_finish)
-                start = max(own_ready, self._free_at[robot])
-                head.blocked_s += start - own_ready
-                duration = 0.0
-                for call in seg.calls:
-                    duration += self.call_duration(head.task_num, head.next_call, call)
-                    head.next_call += 1
-                finish = start + duration
-                head.execution_s += duration
-                head.last_finish = finish
-                self._free_at[robot] = finish
-                self._schedule_report(finish + self.latency_s, head.task_id, seg.sequence,
-                                      start, finish)
-                if seg.is_last:
-                    head.finished = True
+                self._execute(robot, head, head.pending.popleft())
+                if head.finished:
                     break
             if head.finished or head.dropped:
                 queue.popleft()
