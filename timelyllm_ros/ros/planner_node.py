@@ -57,6 +57,7 @@ SHUTDOWN_REASON = "planner shutting down"
 # and robots, which happens even if the engine thread did not get there.
 TASKS_END_WITHIN_S = 0.6
 TELL_WITHIN_S = 0.9
+IDLE_S = 0.05
 _FALLBACK_PLANS = {"drone": "tk;mf,100;tc,90;ld;", "arm": "pick(box)->place(box,table)",
                    "chat": "Hello. How can I help?"}
 
@@ -95,7 +96,13 @@ class PlannerNode(LifecycleNode):
         except (ValueError, KeyError, OSError) as err:
             self.get_logger().error(f"configure failed: {err}")
             return TransitionCallbackReturn.FAILURE
-        self._robots = RobotLink(self, self._group, self._post_report, self._bridge.to_ros)
+        if self._robots is None:
+            # One link for the node's life: its action clients serve every configure (a new
+            # link per configure leaked one ExecuteSegment client per robot per restart).
+            self._robots = RobotLink(self, self._group, self._post_report,
+                                     lambda s: self._bridge.to_ros(s))  # the current engine's clock
+        else:
+            self._robots.forget_ended()  # a new scheduler: task ids may be used again
         for robot_id in self.settings.robots or {}:
             self._robots.client(robot_id)
         self.loop = EngineLoop(self.settings, self, self.get_logger()).start()
@@ -190,9 +197,14 @@ class PlannerNode(LifecycleNode):
             else:
                 time.sleep(0.01)
         if spin and executor is not None:
-            # The result responses are sent by done-callbacks scheduled after each execute.
-            for _ in range(5):
-                executor.spin_once(timeout_sec=0.01)
+            # The result responses are sent by done-callbacks scheduled after each execute, and
+            # a client's result request may still be waiting to be taken: spin until the
+            # executor has had nothing to do for IDLE_S (or the time is up).
+            while time.monotonic() < deadline:
+                started = time.monotonic()
+                executor.spin_once(timeout_sec=IDLE_S)
+                if time.monotonic() - started >= IDLE_S:
+                    break
         left = pending()
         if left:
             self.get_logger().error(f"{left} goal result(s) or robot cancel(s) still undelivered "

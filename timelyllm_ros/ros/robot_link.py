@@ -83,6 +83,13 @@ class RobotLink:
         with self._lock:
             return self._cancels_pending
 
+    def forget_ended(self) -> None:
+        """A new scheduler (the planner configured again): ended task ids may come back as new
+        tasks, whose segments must not be cancelled on sight. Goals still outstanding keep
+        their entries; their late results are reported and ignored as unknown."""
+        with self._lock:
+            self._ended.clear()
+
     def end_all(self) -> None:
         """Cancel every robot goal of every task (the planner stops serving)."""
         with self._lock:
