@@ -83,9 +83,15 @@ def outcomes(rig: Rig, tasks: list[str], fault_at: float, affected: list[str]) -
         status = statuses.get(task_id)
         told = None if g.result_at is None else round(g.result_at - fault_at, 3)
         published = None if status is None else round(status[2] - fault_at, 3)
-        state = g.state or (status[0] if status else
-                            "goal never answered" if g.accepted is None else
-                            "goal refused" if g.refused else "no result")
+        if g.state:
+            state = g.state
+        elif status is not None:
+            # The planner ended it; its client never heard (a response or result was lost).
+            state = status[0] + (" (its client never got the goal response)" if g.accepted is None
+                                 else " (its client never got the result)")
+        else:
+            state = ("goal never answered" if g.accepted is None else
+                     "goal refused" if g.refused else "no result")
         reason = g.reason or (status[1] if status else "")
         ends = [x for x in (told, published) if x is not None]
         per_task[task_id] = {"robot": g.robot, "state": state, "reason": reason,

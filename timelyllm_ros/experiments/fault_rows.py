@@ -78,6 +78,32 @@ def _robot_logs(rig: Rig) -> dict[str, Path]:
             for r in rig.robots}
 
 
+def _drain(rig: Rig, tasks: list[str], say: Say, limit_s: float = 900.0,
+           quiet_s: float = 30.0) -> None:
+    """Until every task has its result and its terminal TaskStatus, or the planner has been
+    idle (no active or queued task) with nothing new arriving for `quiet_s`: a goal or result
+    the action layer lost never comes, and waiting on does not change the row."""
+    deadline = time.monotonic() + limit_s
+    last, changed_at, next_say = -1, time.monotonic(), time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if wait_terminal(rig, tasks, 0.5):
+            return
+        with rig.observer.lock:
+            seen = len(rig.observer.terminal_status)
+        n = rig.observer.results(tasks) + seen
+        if n != last:
+            last, changed_at = n, time.monotonic()
+        m = rig.client.latest_metrics()
+        fresh = m is not None and time.time() - (m.stamp.sec + m.stamp.nanosec * 1e-9) < 3
+        if fresh and not (m.active_tasks or m.queued) and time.monotonic() - changed_at > quiet_s:
+            say(f"  the planner is idle and nothing new came for {quiet_s:.0f} s: "
+                f"{rig.observer.results(tasks)}/{len(tasks)} results")
+            return
+        if time.monotonic() >= next_say:
+            next_say += 10
+            say(f"  ... {rig.observer.results(tasks)}/{len(tasks)} results so far")
+
+
 def _served(tasks) -> dict:
     """How the planner served the tasks it took: first-segment response times (median, 99th
     percentile) and utilities (mean, how many at or below zero)."""
@@ -293,6 +319,8 @@ def deep_overload(log_dir: Path, say: Say, goals: int = 240, drones: int = 30,
     try:
         rig.start(say)
         baseline = warm_up(rig, say, 300)
+        wait_until(lambda: rig.client.latest_metrics() is not None, 10)
+        total_before = rig.client.latest_metrics().tasks_total   # the warm-up's tasks
         robots = [e.split(":")[0] for e in fleet]
         tasks = []
         burst_at = time.time()
@@ -312,7 +340,7 @@ def deep_overload(log_dir: Path, say: Say, goals: int = 240, drones: int = 30,
         last_at = max(goals_now[t].accepted for t in answered)
         say(f"{goals} goals sent on {len(robots)} robots in {sent_s:.2f} s; {len(answered)} "
             f"answered, the last {last_at - burst_at:.2f} s after the first")
-        wait_terminal(rig, answered, 900, say)
+        _drain(rig, tasks, say)
         row = outcomes(rig, tasks, last_at, tasks)
         row["burst"] = {"goals": goals, "robots": len(robots), "drones": drones, "arms": arms,
                         "rate_per_s": rate_per_s,
@@ -320,6 +348,8 @@ def deep_overload(log_dir: Path, say: Say, goals: int = 240, drones: int = 30,
                         "answered_within_s": round(last_at - burst_at, 2),
                         "unanswered": [t for t in tasks if t not in answered]}
         row["burst"].update(_served(row["tasks"].values()))
+        metrics = rig.client.latest_metrics()
+        row["burst"]["planner_took"] = metrics.tasks_total - total_before if metrics else None
         if len(answered) < goals:
             say(f"{goals - len(answered)} goals never answered (lost before the planner took "
                 "them): their clients wait for ever")

@@ -68,7 +68,8 @@ def run_faults(rows: list[str], *, out: Path | None = None, log_dir: Path | None
                domain_base: int = DEFAULT_DOMAIN_BASE, say: Callable[[str], None] = print,
                row_timeout_s: dict[str, float] | None = None) -> list[dict]:
     """Run `rows` one after the other, each in a child process; returns the rows' dicts (a
-    row whose child failed has `error`). With `out`, writes faults.json and faults_table.md there."""
+    row whose child failed has `error`). With `out`, writes faults.json and faults_table.md
+    there; rows of an earlier run in that faults.json that were not run now are kept."""
     log_dir = log_dir or Path(tempfile.mkdtemp(prefix="timelyllm-faults-"))
     results = []
     for row in rows:
@@ -78,7 +79,8 @@ def run_faults(rows: list[str], *, out: Path | None = None, log_dir: Path | None
         started = time.monotonic()
         result = _run_child(row, domain, log_dir / row, timeout_s, say)
         result.update(row=row, title=ROWS[row], domain=domain,
-                      wall_s=round(time.monotonic() - started, 1), logs=str(log_dir / row))
+                      wall_s=round(time.monotonic() - started, 1), logs=str(log_dir / row),
+                      measured=_measured())
         results.append(result)
         from timelyllm_ros.experiments.faults_report import row_line
 
@@ -86,8 +88,20 @@ def run_faults(rows: list[str], *, out: Path | None = None, log_dir: Path | None
     if out is not None:
         from timelyllm_ros.experiments.faults_report import write
 
-        write(results, out, log_dir)
+        write(results, out, log_dir, order=list(ROWS))
     return results
+
+
+def _measured() -> dict:
+    """When, and on which code: the commit, and whether the tree differed from it."""
+    from timelyllm_ros.ros_env import REPO_ROOT
+
+    def git(*args):
+        out = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True)
+        return out.stdout.strip() if out.returncode == 0 else ""
+
+    return {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "commit": git("rev-parse", "--short", "HEAD"),
+            "tree_changed": bool(git("status", "--porcelain", "--untracked-files=no"))}
 
 
 def _run_child(row: str, domain: int, log_dir: Path, timeout_s: float, say) -> dict:

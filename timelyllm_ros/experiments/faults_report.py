@@ -43,9 +43,10 @@ def happened(r: dict) -> str:
                   f"{b['response_p99_s']:.2f} s, mean utility {b['mean_utility']:.2f}, "
                   f"{b['utility_at_most_zero']} at or below 0" if b.get("served") else "")
         how = f"at {b['rate_per_s']:g}/s" if b.get("rate_per_s") else "at once"
+        took = f"; the planner took {b['planner_took']}" if b.get("planner_took") is not None else ""
         parts.insert(0, f"{b['goals']} goals sent {how} to {b['robots']} robots; "
                         f"{b['answered']} answered within {b['answered_within_s']:.2f} s"
-                        + served)
+                        + took + served)
     return "; ".join(parts)
 
 
@@ -172,11 +173,24 @@ def print_table(rows: list[dict], out=sys.stdout) -> None:
     Console(file=out, width=max(160, Console(file=out).width)).print(table)
 
 
-def write(rows: list[dict], out: Path, log_dir: Path) -> None:
+def write(rows: list[dict], out: Path, log_dir: Path, order: list[str] | None = None) -> None:
+    """faults.json and faults_table.md in `out`. Rows already in its faults.json that were not
+    run now are kept (each row says when and on which commit it was measured), so `--only`
+    updates some rows of a table; `order` (row names) sorts them."""
     out.mkdir(parents=True, exist_ok=True)
+    path = out / "faults.json"
+    kept: dict[str, dict] = {}
+    if path.is_file():
+        try:
+            kept = {r["row"]: r for r in json.loads(path.read_text()).get("rows", []) if "row" in r}
+        except (ValueError, AttributeError):
+            kept = {}
+    kept.update({r["row"]: r for r in rows})
+    rank = {name: i for i, name in enumerate(order or [])}
+    rows = sorted(kept.values(), key=lambda r: rank.get(r["row"], len(rank)))
     meta = {"when": time.strftime("%Y-%m-%d %H:%M:%S"), "host": platform.node(),
             "python": platform.python_version(), "cpus": _cpus(), "logs": str(log_dir)}
-    (out / "faults.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
+    path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, default=str))
     (out / "faults_table.md").write_text(markdown(rows) + "\n")
 
 
