@@ -195,7 +195,8 @@ def run_policy(events: Sequence[Event], policy_name: str, workload: Workload,
         else config.network_latency_s
     seed = workload.seed if config.seed is None else config.seed
     own_engine = engine is None
-    prefix_cache = config.baseline_prefix_cache or policy.dispatch == "segment"
+    prefix_cache = (config.baseline_prefix_cache or policy.dispatch == "segment"
+                    or policy.always_prefix_cache)
     if isinstance(engine, EnginePool):
         engine = engine.get(prefix_cache, policy)
     elif engine is None:
@@ -420,7 +421,8 @@ def _task_result(task: TaskRecord, meta: tuple, robots: SimulatedRobots, t0: flo
         robot_blocked_s=blocked, execution_s=execution, completion_s=completion,
         resumes=task.resumes, latency_s=latency,
         generated_tokens=len(task.generated.token_ids), event_id=event_id, segments=segments,
-        generation_spans=_spans(task, t0, end), planned_s=_planned(task) - t0)
+        generation_spans=_spans(task, t0, end), planned_s=_planned(task) - t0,
+        tuf=task.spec.tuf)
 
 
 def _planned(task: TaskRecord) -> float:

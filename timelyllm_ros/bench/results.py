@@ -12,6 +12,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from timelyllm_ros.bench.config import BenchConfig
+from timelyllm_ros.core.tuf import TUF
 from timelyllm_ros.lrtrace.workload import Event, Workload
 
 NAN = float("nan")
@@ -75,6 +76,9 @@ class TaskResult:
     # When the planner was done with it: its plan fully generated, or the task ended first
     # (shed, failed, ...). NaN where the run does not record it.
     planned_s: float = NAN
+    # Its time-utility function, where the run knows it (the response as the TimelyLLM authors
+    # measure it is valued with it: bench/metrics.py, `first_action_metrics`).
+    tuf: TUF | None = None
 
     @property
     def is_done(self) -> bool:

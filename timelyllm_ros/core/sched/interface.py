@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Collection, Protocol, Sequence
+from typing import ClassVar, Collection, Protocol, Sequence, TYPE_CHECKING
 
 import numpy as np
 
@@ -321,6 +321,9 @@ class Policy:
     engine_scheduling: str = "fcfs"
     suspend_when: str = "always"
     hopeless: str = "serve"
+    # Prefix caching stays on even where the bench turns it off for whole-plan baselines
+    # (--paper-config): for a policy that reproduces a system run with it (authors-vllm).
+    always_prefix_cache: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         if self.dispatch not in DISPATCH_MODES:
