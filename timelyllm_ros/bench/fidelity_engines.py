@@ -1,0 +1,255 @@
+"""What `timelyllm bench --fidelity` takes from the real engine for the simulated one
+(bench/fidelity.py): its geometry, its tokenizer, and the tokens it generated for every task;
+and how loaded the machine was while it ran.
+
+Why the generated tokens and not only the text: under the skill grammar SmolLM2 writes plans in
+tokens that are not the tokenizer's own split of the text (`tk` as `t`, `k`; `356` as `3`, `5`,
+`6`), so the plan text re-tokenized has 10-15 % fewer tokens than the engine generated, and each
+generated token is one engine step. The simulated engine must generate the same tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from timelyllm_ros.bench.config import BenchConfig
+from timelyllm_ros.bench.engines import EnginePool, build_engine
+from timelyllm_ros.core.engine.base import EngineAdapter
+from timelyllm_ros.core.engine.cost_model import EngineProfile
+
+
+@dataclass(frozen=True)
+class RealGeometry:
+    """What the simulated engine must copy from the real one: its KV cache (blocks and block
+    size), its token budget per step, its context length and its slot count."""
+
+    kv_total_blocks: int
+    kv_block_size: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    max_num_seqs: int | None
+
+    @classmethod
+    def of(cls, engine: EngineAdapter) -> "RealGeometry":
+        kv = engine.kv_usage()
+        return cls(int(kv.total_blocks), int(kv.block_size), int(engine.max_num_batched_tokens()),
+                   int(engine.max_model_len()), engine.capabilities().max_num_seqs)
+
+    def apply(self, profile: EngineProfile) -> EngineProfile:
+        return dataclasses.replace(profile, kv_total_blocks=self.kv_total_blocks,
+                                   kv_block_size=self.kv_block_size,
+                                   max_num_batched_tokens=self.max_num_batched_tokens,
+                                   max_model_len=self.max_model_len)
+
+
+class ModelTokenizer:
+    """The model's tokenizer for the simulated engine (its `tokenize`, `decode` and, through
+    `use_in`, its `render_chat`), with the chat template, as `VllmEngine` tokenizes. Texts given
+    to `remember` (a real run's plans with the tokens it generated, and each of their tails at a
+    token boundary) tokenize to those tokens."""
+
+    def __init__(self, hf_tokenizer: Any):
+        self._tok = hf_tokenizer
+        self._known: dict[str, list[int]] = {}
+
+    @classmethod
+    def load(cls, model_dir: str | Path) -> "ModelTokenizer":
+        from transformers import AutoTokenizer
+        return cls(AutoTokenizer.from_pretrained(str(model_dir)))
+
+    def fresh(self) -> "ModelTokenizer":
+        """The same tokenizer, remembering nothing."""
+        return ModelTokenizer(self._tok)
+
+    def remember(self, tokens: Sequence[tuple[int, str]]) -> None:
+        """A generated sequence as (token id, its text) pairs: its text and every tail of it
+        that starts at a token tokenize to those tokens from then on."""
+        ids = [t for t, _ in tokens]
+        texts = [s for _, s in tokens]
+        for i in range(len(tokens)):
+            tail = "".join(texts[i:])
+            if tail:
+                self._known.setdefault(tail, ids[i:])
+
+    def tokenize(self, text: str) -> list[int]:
+        known = self._known.get(text)
+        if known is not None:
+            return list(known)
+        return list(self._tok.encode(text, add_special_tokens=False))
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self._tok.decode(list(token_ids), skip_special_tokens=True,
+                                clean_up_tokenization_spaces=False)
+
+    def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        text = self._tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return list(self._tok.encode(text, add_special_tokens=False))
+
+    def use_in(self, engine: Any) -> Any:
+        """`engine` (a simulated engine with no request yet) tokenizing with this tokenizer."""
+        engine.tokenizer = self
+        engine.render_chat = self.render_chat
+        return engine
+
+
+def plan_tokens(outputs: Sequence[tuple[int, str]], plan: str) -> list[tuple[int, str]] | None:
+    """The tokens of `plan` among a task's engine outputs in order ((id, text) pairs of every
+    run of it): each output whose text continues the plan where the previous one ended. An
+    output that does not (a token vLLM hands out again on a resume, `held` in vllm_sessions.py)
+    is left out. None if the kept tokens do not spell the plan exactly."""
+    kept: list[tuple[int, str]] = []
+    pos = 0
+    for token, text in outputs:
+        if text and plan.startswith(text, pos):
+            kept.append((token, text))
+            pos += len(text)
+        elif not text and pos == len(plan) and kept:
+            kept.append((token, text))  # the end of sequence, after the whole plan
+    return kept if pos == len(plan) else None
+
+
+# Batch sizes grouped for the step-time comparison: (label, smallest, largest).
+BATCH_BUCKETS = (("1", 1, 1), ("2-3", 2, 3), ("4-7", 4, 7), ("8-15", 8, 15), ("16+", 16, 1 << 30))
+
+
+class StepRecorder:
+    """Wraps an engine's `step` to keep every task's outputs ((token id, text) pairs by task
+    id; engine request ids are `<task id>#<n>`, bench.replay and the scheduler's) and every
+    step's duration (`last_step_timing`: measured on the real engine, modelled on the simulated
+    one) with its batch size."""
+
+    def __init__(self) -> None:
+        self.outputs: dict[str, list[tuple[int, str]]] = {}
+        self.steps: list[tuple[float, int]] = []
+
+    def wrap(self, engine: EngineAdapter) -> EngineAdapter:
+        step = engine.step
+
+        def recorded_step() -> list:
+            outs = step()
+            if outs:
+                timing = engine.last_step_timing()
+                self.steps.append((float(timing.duration_s), int(timing.batch_size)))
+            for out in outs:
+                if out.request_id.startswith("__"):  # warm-up, profiling
+                    continue
+                task = out.request_id.split("#", 1)[0]
+                got = self.outputs.setdefault(task, [])
+                ids = list(out.new_token_ids)
+                if len(ids) == 1:
+                    got.append((ids[0], out.new_text))
+                else:  # a step that produced several tokens: one text for all of them
+                    got.extend((t, out.new_text if i == len(ids) - 1 else "")
+                               for i, t in enumerate(ids))
+            return outs
+
+        engine.step = recorded_step  # type: ignore[method-assign]
+        return engine
+
+    def take(self) -> dict[str, list[tuple[int, str]]]:
+        """The outputs recorded so far (and forget them)."""
+        outputs, self.outputs = self.outputs, {}
+        return outputs
+
+    def take_steps(self) -> dict[str, dict[str, float]]:
+        """The steps recorded so far by batch bucket: count, fastest and median seconds (and
+        forget them)."""
+        steps, self.steps = self.steps, []
+        out = {}
+        for label, lo, hi in BATCH_BUCKETS:
+            durations = sorted(d for d, b in steps if lo <= b <= hi)
+            if durations:
+                out[label] = {"steps": len(durations), "min_s": durations[0],
+                              "median_s": durations[len(durations) // 2]}
+        return out
+
+
+class RecordingPool(EnginePool):
+    """An EnginePool whose engines record every task's generated tokens (`recorder`) and that
+    remembers the geometry of the first engine it builds (`build`: the builder, default
+    bench.engines.build_engine)."""
+
+    def __init__(self, config: BenchConfig, build: Callable[..., EngineAdapter] | None = None):
+        self._inner = build or build_engine
+        super().__init__(config, build=self._build_and_record)
+        self.geometry: RealGeometry | None = None
+        self.recorder = StepRecorder()
+
+    def _build_and_record(self, config: BenchConfig, **kw: Any) -> EngineAdapter:
+        engine = self._inner(config, **kw)
+        if self.geometry is None:
+            self.geometry = RealGeometry.of(engine)
+        return self.recorder.wrap(engine)
+
+
+@dataclass
+class MachineLoad:
+    """How busy the machine was over an interval: the load average at its end and the share of
+    it in which runnable tasks waited for a CPU (Linux PSI `cpu some`; NaN where unknown)."""
+
+    loadavg: tuple[float, float, float]
+    cpu_waiting_share: float = float("nan")
+    cpus: int | None = field(default_factory=os.cpu_count)
+
+
+class LoadMeter:
+    """Measures `MachineLoad` over an interval: `start()`, then `stop()`."""
+
+    PSI = Path("/proc/pressure/cpu")
+
+    def __init__(self) -> None:
+        self._t0 = time.monotonic()
+        self._psi0 = self._psi_total_us()
+
+    @classmethod
+    def _psi_total_us(cls) -> float | None:
+        try:
+            first = cls.PSI.read_text().splitlines()[0]
+            return float(dict(kv.split("=") for kv in first.split()[1:])["total"])
+        except (OSError, IndexError, KeyError, ValueError):
+            return None
+
+    def stop(self) -> MachineLoad:
+        elapsed_us = (time.monotonic() - self._t0) * 1e6
+        psi = self._psi_total_us()
+        share = float("nan")
+        if psi is not None and self._psi0 is not None and elapsed_us > 0:
+            share = (psi - self._psi0) / elapsed_us
+        return MachineLoad(tuple(round(x, 2) for x in os.getloadavg()), share)
+
+
+def task_plans(outputs: Mapping[str, Sequence[tuple[int, str]]],
+               plans: Mapping[str, str]) -> tuple[dict[str, list[tuple[int, str]]], list[str]]:
+    """Per task, the tokens that spell its plan (`plan_tokens`), and the tasks where they do not
+    (their plans are then tokenized by the tokenizer, as a fallback)."""
+    found, missed = {}, []
+    for task, plan in plans.items():
+        tokens = plan_tokens(outputs.get(task, ()), plan)
+        if tokens is None:
+            missed.append(task)
+        else:
+            found[task] = tokens
+    return found, sorted(missed)
+
+
+def format_steps(steps: Mapping[str, Mapping[str, Any]]) -> str:
+    """Per policy and batch bucket, the real runs' median step [fastest] against the simulated
+    run's median, in ms (steps that produced output)."""
+    lines = ["engine step (ms) by running batch: real runs' median [fastest] (steps) against the "
+             "simulated run's median"]
+    for policy, by in steps.items():
+        for label, _, _ in BATCH_BUCKETS:
+            real = [run.get(label) for run in by.get("real", [])]
+            sim = by.get("sim", {}).get(label)
+            if sim is None and not any(real):
+                continue
+            cells = "  ".join(f"{r['median_s'] * 1e3:7.1f} [{r['min_s'] * 1e3:5.1f}] "
+                              f"({r['steps']:4d})" if r else f"{'-':>22}" for r in real)
+            sim_cell = f"{sim['median_s'] * 1e3:7.1f} ({sim['steps']:4d})" if sim else "-"
+            lines.append(f"  {policy:<14} batch {label:<5} {cells}  sim {sim_cell}")
+    return "\n".join(lines)
