@@ -60,13 +60,16 @@ def test_planner_sigterm_and_engine_exception_rows(tmp_path, capsys):
     assert term["idle"]["threads"]["planner"]["after"] is None   # gone
 
     # Engine exception with restart_engine=1: every task failed with the cause, the planner
-    # came back to active by itself, idle (queue, KV, robot goals, threads) and serving.
+    # came back to active by itself, idle (queue, KV, robot goals, the same ExecuteSegment
+    # action clients: each restart once added one per robot, threads) and serving.
     _check_everyone_told(engine, "failed", "engine step failed: InjectedFault")
     assert engine["recovered"]["left_active"] and engine["recovered"]["active_again"]
     checks = engine["idle"]["checks"]
-    for name in ("planner_queue_kv", "planner_goals", "arm_1_idle", "arm_2_idle", "fleet_idle",
-                 "planner_threads", "arm_1/executor_threads", "fleet_sim_threads"):
+    for name in ("planner_queue_kv", "planner_goals", "planner_action_clients", "arm_1_idle",
+                 "arm_2_idle", "fleet_idle", "planner_threads", "arm_1/executor_threads",
+                 "fleet_sim_threads"):
         assert checks[name], (name, engine["idle"])
+    assert engine["idle"]["idle"], engine["idle"]
     planner = engine["idle"]["planner"]
     assert planner["kv_free_blocks"] == planner["kv_total_blocks"] > 0
     assert planner["lifecycle_state"] == "active"
@@ -81,8 +84,20 @@ def test_planner_sigterm_and_engine_exception_rows(tmp_path, capsys):
     assert len(table.strip().splitlines()) == 2 + len(rows)
     assert "4/4, last" in table
 
-    if not checks["planner_action_clients"]:
-        # Each configure builds a new RobotLink with an ExecuteSegment action client per
-        # robot and never destroys the old ones (ros/planner_node.py on_configure).
-        pytest.xfail("the planner keeps its old ExecuteSegment action clients across an engine "
-                     f"restart: {planner['segment_clients']}")
+
+def test_only_and_out_update_some_rows_of_a_table(tmp_path):
+    """`--only` names rows (an unknown one is refused, naming the rows); `--out` into a
+    directory with an earlier faults.json replaces the rows run now and keeps the others."""
+    from timelyllm_ros.experiments.faults import ROWS
+    from timelyllm_ros.experiments.faults_report import write
+
+    with pytest.raises(ValueError, match="unknown row.*planner-sigkil.*rows: planner-sigterm"):
+        parse_rows("planner-sigkil")
+    old = [{"row": r, "title": ROWS[r], "error": f"old {r}"} for r in ("deep-overload", "planner-sigterm")]
+    write(old, tmp_path, tmp_path, order=list(ROWS))
+    write([{"row": "planner-sigterm", "title": "planner SIGTERM", "error": "new"}], tmp_path,
+          tmp_path, order=list(ROWS))
+    rows = json.loads((tmp_path / "faults.json").read_text())["rows"]
+    assert [(r["row"], r["error"]) for r in rows] == [("planner-sigterm", "new"),
+                                                      ("deep-overload", "old deep-overload")]
+    assert "ERROR: new" in (tmp_path / "faults_table.md").read_text()
