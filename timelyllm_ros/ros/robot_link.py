@@ -148,8 +148,9 @@ class RobotLink:
             return
         with self._lock:
             ended = goal.task_id in self._ended
-            if goal.task_id in self._goals:
-                self._goals[goal.task_id][goal.sequence] = handle
+            pending = self._goals.get(goal.task_id)
+            if pending is not None and goal.sequence in pending:  # (not given up on meanwhile)
+                pending[goal.sequence] = handle
         if ended:
             self._note_cancel(key)
             handle.cancel_goal_async()
@@ -208,10 +209,12 @@ class RobotLink:
             if misses < MISSES_TO_FAIL:
                 continue
             self._misses.pop(robot_id, None)
+            # Every goal of that robot, also those whose send was never answered (handle None:
+            # a goal sent as the server died never gets its response, and would stay
+            # outstanding for ever).
             with self._lock:
                 lost = [(t, seq) for t, goals in self._goals.items()
-                        if self._robot_of.get(t) == robot_id for seq, h in goals.items()
-                        if h is not None]
+                        if self._robot_of.get(t) == robot_id for seq in goals]
             for task_id, seq in lost:
                 if self._drop(task_id, seq):
                     self._report(task_id, seq, None, None, False,

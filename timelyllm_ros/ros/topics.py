@@ -49,11 +49,12 @@ COMMAND_QOS = QoSProfile(depth=50, reliability=ReliabilityPolicy.RELIABLE,
                          durability=DurabilityPolicy.VOLATILE, history=HistoryPolicy.KEEP_LAST)
 STATUS_QOS = QoSProfile(depth=200, reliability=ReliabilityPolicy.RELIABLE,
                         durability=DurabilityPolicy.TRANSIENT_LOCAL, history=HistoryPolicy.KEEP_LAST)
-# The services behind an action (send_goal, cancel_goal, get_result): reliable, and deeper than
-# the default 10, so a burst of goals (a whole plan's segments at once, a replay's event of 16
-# tasks) is never dropped before the server takes it.
+# The services behind an action (send_goal, cancel_goal, get_result): reliable and KEEP_ALL, so
+# a burst of goals is never dropped before the server takes it. (KEEP_LAST 100 lost 137 of 240
+# goals sent at once to a busy planner: `timelyllm faults`, deep overload; the default 10 lost
+# goals of a 16-task event.) Depth is ignored under KEEP_ALL; it stays for QoS printouts.
 ACTION_SERVICE_QOS = QoSProfile(depth=100, reliability=ReliabilityPolicy.RELIABLE,
-                                durability=DurabilityPolicy.VOLATILE, history=HistoryPolicy.KEEP_LAST)
+                                durability=DurabilityPolicy.VOLATILE, history=HistoryPolicy.KEEP_ALL)
 METRICS_QOS = QoSProfile(depth=5, reliability=ReliabilityPolicy.BEST_EFFORT,
                          durability=DurabilityPolicy.VOLATILE, history=HistoryPolicy.KEEP_LAST)
 
