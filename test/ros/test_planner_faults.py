@@ -12,6 +12,7 @@ Sim engine (wall clock), arm executors whose segments take seconds (room to stop
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -160,3 +161,24 @@ def test_engine_fault_error_processing_refusal_and_restart(tmp_path, monkeypatch
         print(f"lifecycle shutdown, 3 goals in flight: clients told within {told:.2f} s, robots "
               f"stopped within {stopped:.2f} s")
         assert told < STOP_WITHIN_S and stopped < STOP_WITHIN_S
+
+
+def test_a_client_learns_that_its_planner_was_killed(tmp_path, monkeypatch):
+    """SIGKILL: the planner can tell no one. Its robots stop on their own (test_planner_lost.py)
+    and its clients end their goals on their own, with the reason, once the planner's DDS
+    liveliness lapses (PlannerClient's PlannerWatch, `planner_lost_after_s`)."""
+    use_domain(monkeypatch, 166)
+    with fleet(tmp_path, _arm_fleet(), robots=ARMS) as (group, client):
+        runs = _start_goals(client, "kill")
+        t0 = time.time()
+        os.killpg(group.procs["planner"].pid, signal.SIGKILL)
+        for run in runs:
+            outcome = run.result(4.0 + 3.0)
+            assert outcome is not None, f"{run.task_id}: the client was never told"
+            status, result = outcome
+            assert status == GoalStatus.STATUS_UNKNOWN and result.state == "failed", result
+            assert result.reason.startswith("planner lost: ") and "gave no sign of life" in result.reason
+        told = time.time() - t0
+        print(f"planner SIGKILL, 3 goals in flight: clients told within {told:.2f} s "
+              "(planner_lost_after_s 4 s)")
+        assert told < 4.0 + 2.0

@@ -14,6 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import rclpy
+from action_msgs.msg import GoalStatus
 from rclpy.action import ActionClient
 from rclpy.executors import MultiThreadedExecutor
 from rclpy.node import Node
@@ -23,6 +24,7 @@ from timelyllm_ros.msg import (ExecutionReport, PlannerMetrics, SkillSegment, Ta
                                TaskStatus)
 from timelyllm_ros.ros import topics
 from timelyllm_ros.ros.lifecycle_client import LifecycleClient
+from timelyllm_ros.ros.planner_liveness import DEFAULT_LOST_AFTER_S, PlannerWatch
 from timelyllm_ros.srv import CancelTask, UpdateTask
 
 TERMINAL = {"done", "failed", "rejected", "cancelled"}
@@ -50,6 +52,9 @@ class GoalRun:
         self._client = client
         self.handle = None
         self._result_future = None
+        # Set when the planner vanished (SIGKILL) before answering: a PlanTask result can then
+        # never come, so `result` gives one that says so (PlannerClient's PlannerWatch).
+        self.planner_lost: str | None = None
 
     def _feedback(self, msg) -> None:
         self.feedback.append(msg.feedback)
@@ -65,9 +70,20 @@ class GoalRun:
         return bool(self.handle.accepted)
 
     def result(self, timeout_s: float) -> tuple[int, PlanTask.Result] | None:
-        """(GoalStatus code, result), or None if it did not end within `timeout_s`."""
-        if self._result_future is None or not _wait(self._result_future, timeout_s):
+        """(GoalStatus code, result), or None if it did not end within `timeout_s`. If the
+        planner vanished first: (STATUS_UNKNOWN, a result with state "failed" and the reason)."""
+        if self._result_future is None:
             return None
+        deadline = time.monotonic() + timeout_s
+        while not self._result_future.done():
+            if self.planner_lost is not None:
+                return GoalStatus.STATUS_UNKNOWN, PlanTask.Result(
+                    task_id=self.task_id, state="failed", reason=self.planner_lost,
+                    response_time_s=float("nan"), utility=float("nan"),
+                    waiting_time_s=float("nan"))
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.01)
         response = self._result_future.result()
         return response.status, response.result
 
@@ -83,6 +99,9 @@ class GoalRun:
         """Request cancellation without waiting: the future of the CancelGoal response (for a
         caller that keeps waiting for the result meanwhile, e.g. `timelyllm submit`)."""
         return self.handle.cancel_goal_async()
+
+    def finished(self) -> bool:
+        return self._result_future is not None and self._result_future.done()
 
     @property
     def task_id(self) -> str:
@@ -104,7 +123,7 @@ class PlannerClient:
     """Spins its own executor thread; all accessors are safe from the caller's thread."""
 
     def __init__(self, robots: list[str] = (), node_name: str = "timelyllm_client",
-                 signal_handlers: bool = True):
+                 signal_handlers: bool = True, planner_lost_after_s: float = DEFAULT_LOST_AFTER_S):
         """`signal_handlers=False`: rclpy installs none (when this client initialises it). Its
         own SIGINT handler shuts the context down, which stops this client's executor, so
         nothing sent afterwards (a cancel on Ctrl-C) is ever answered; a caller that handles
@@ -127,6 +146,11 @@ class PlannerClient:
         self._update = self.node.create_client(UpdateTask, topics.UPDATE_TASK)
         self._cancel = self.node.create_client(CancelTask, topics.CANCEL_TASK)
         self.lifecycle = LifecycleClient(self.node, "planner")
+        # A planner killed with SIGKILL answers nothing: its goals would wait for ever. The
+        # same DDS liveliness watch the robots keep (planner_liveness.py) ends them.
+        self._runs: list[GoalRun] = []
+        self.planner_watch = PlannerWatch(self.node, planner_lost_after_s, self._planner_lost) \
+            if planner_lost_after_s else None
         self._executor = MultiThreadedExecutor(num_threads=2)
         self._executor.add_node(self.node)
         self._thread = threading.Thread(target=self._executor.spin, daemon=True)
@@ -176,10 +200,21 @@ class PlannerClient:
                              decline_slope_per_s=float(slope),
                              initial_utility=float(initial_utility))
         run = GoalRun(self, goal, on_feedback)
+        with self._lock:
+            self._runs = [r for r in self._runs if not r.finished()] + [run]
         if not run.wait_accepted(self.plan_action.send_goal_async(goal, feedback_callback=run._feedback),
                                  timeout_s):
             raise RuntimeError("PlanTask goal was not accepted")
         return run
+
+    def _planner_lost(self, reason: str, accepted_before: float) -> int:
+        """PlannerWatch: the planner vanished; every goal still waiting for its result ends.
+        (Goals are sent after the watch saw the planner, so all of them are that planner's.)"""
+        with self._lock:
+            waiting = [r for r in self._runs if not r.finished()]
+        for run in waiting:
+            run.planner_lost = reason.replace("; holding position", "")
+        return len(waiting)
 
     def update_task(self, task_id: str, *, urgency: str = "", ert_s: float = 0.0,
                     slope: float = 0.0, initial_utility: float = 0.0,
