@@ -179,6 +179,15 @@ class Observer:
             goal.response_time_s = _number(response.result.response_time_s)
             goal.utility = _number(response.result.utility)
 
+    def planner_lost(self, reason: str) -> None:
+        """The client's planner watch saw the planner vanish: each goal still waiting ends
+        there, as PlannerClient ends its own (GoalRun.result: state failed, the reason)."""
+        now = time.time()
+        with self.lock:
+            for goal in self.goals.values():
+                if goal.accepted is not None and not goal.refused and goal.result_at is None:
+                    goal.result_at, goal.state, goal.reason = now, "failed", reason
+
     # ------------------------------------------------------------------ reading
     def snapshot(self) -> dict[str, Goal]:
         with self.lock:
@@ -274,6 +283,7 @@ class Rig:
                                echo=False).start()
         self.client = PlannerClient(node_name="fault_runner", signal_handlers=False)
         self.observer = Observer(self.client.node, self.robots)
+        self.client.planner_lost_listeners.append(self.observer.planner_lost)
         self.client.lifecycle.drive_to_active(300, alive=lambda: "planner" not in self.group.exited())
         if not self.client.wait_for_action(60):
             raise RuntimeError(f"no PlanTask action server; see {self.log_dir}/planner.log")

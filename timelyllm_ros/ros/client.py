@@ -149,6 +149,8 @@ class PlannerClient:
         # A planner killed with SIGKILL answers nothing: its goals would wait for ever. The
         # same DDS liveliness watch the robots keep (planner_liveness.py) ends them.
         self._runs: list[GoalRun] = []
+        # Also called with the reason when the planner vanishes (for goals sent otherwise).
+        self.planner_lost_listeners: list = []
         self.planner_watch = PlannerWatch(self.node, planner_lost_after_s, self._planner_lost) \
             if planner_lost_after_s else None
         self._executor = MultiThreadedExecutor(num_threads=2)
@@ -212,8 +214,11 @@ class PlannerClient:
         (Goals are sent after the watch saw the planner, so all of them are that planner's.)"""
         with self._lock:
             waiting = [r for r in self._runs if not r.finished()]
+        reason = reason.replace("; holding position", "")
         for run in waiting:
-            run.planner_lost = reason.replace("; holding position", "")
+            run.planner_lost = reason
+        for listener in self.planner_lost_listeners:
+            listener(reason)
         return len(waiting)
 
     def update_task(self, task_id: str, *, urgency: str = "", ert_s: float = 0.0,
