@@ -13,7 +13,8 @@ The replay drives the very `SegmentScheduler` the ROS planner node runs, with:
 Loop: handle every event due at `engine.now()` (task arrivals -> `submit`, robot reports arriving
 at the planner -> `on_report`), then `tick()` the scheduler (one engine step). When nothing can run,
 jump (or, on the real engine, sleep) to the next event or scheduler timer. The run stops when
-every task is terminal.
+every task is terminal, and is aborted as stuck when it stops progressing (`max_stall_s`, and
+engine steps that take no time; a deep backlog that still drains is not stuck, docs/overload.md).
 
 Determinism: event lists come from `compose` (seeded); robot durations are drawn per (seed, task
 number, call index), so every policy sees exactly the same robot execution times. The simulated
