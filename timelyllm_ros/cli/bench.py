@@ -28,7 +28,8 @@ from timelyllm_ros.bench.config import (DEFAULT_BASELINE_PREFIX_CACHE, DEFAULT_G
                                         PAPER_PROMPT_TOKENS, ROBOT_MODES, BenchConfig)
 from timelyllm_ros.bench.engines import EnginePool
 from timelyllm_ros.bench.load_sweep import format_load_sweep, scaled_workload, sweep_loads
-from timelyllm_ros.bench.metrics import format_ratios, format_table, json_safe, results_json
+from timelyllm_ros.bench.metrics import (format_first_action_table, format_ratios, format_table,
+                                         json_safe, results_json)
 from timelyllm_ros.bench.paper_workloads import build_scenario, is_scenario
 from timelyllm_ros.bench.policies import (DEFAULT_ALIAS, PolicyListError, parse_policy_list,
                                           split_by_pausing)
@@ -189,6 +190,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "cacheable) preamble to N tokens; none (default) = the skill sets' own "
                         f"prompts (--paper-config: the paper's {PAPER_PROMPT_TOKENS})")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--fidelity", default=None, metavar="WORKLOAD",
+                   help="the simulator against the real engine: replay WORKLOAD per policy "
+                        "(default vllm-stream,default) on the real vLLM engine "
+                        "(--fidelity-runs times) and once on the simulated engine with the "
+                        "real engine's measured profile (--profile, default the CPU fp32 one); "
+                        "per-task pairs, p50/p90/utility errors, rankings (bench/fidelity.py)")
+    p.add_argument("--fidelity-runs", type=int, default=2, metavar="N",
+                   help="--fidelity: real runs per policy (default 2)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="--fidelity: write fidelity.json, pairs.csv and fidelity.png here")
     p.add_argument("--overhead", action="store_true",
                    help="real engine: plan generation time segmented (robot time zero) vs "
                         "nonstop, per skill set (the paper's Table 4; bench/overhead.py)")
@@ -329,6 +340,12 @@ def _main(args: argparse.Namespace) -> int:
         if args.baseline_prefix_cache is None:
             args.baseline_prefix_cache = not args.paper_config
         return bench_chat.run(args, _bench_config(args, _engine_profile(args), None, None))
+    if args.fidelity is not None:
+        from timelyllm_ros.bench.fidelity import FidelityUsageError, main_fidelity
+        try:
+            return main_fidelity(args, DEFAULT_POLICIES)
+        except FidelityUsageError as exc:
+            raise UsageError(str(exc)) from None
     if args.workload is None:
         raise UsageError("--workload is required (a preset, a workload file, or a seed paper's "
                          "workload), except with --chat-experiment")
@@ -384,7 +401,8 @@ def _main(args: argparse.Namespace) -> int:
     try:
         runs = run_policies(events, policies, workload, config, progress_factory=progress_bar,
                             engine=engine, **run_kwargs)
-        doc = results_json(runs, workload_block(workload, events, config, runs, seed))
+        doc = results_json(runs, workload_block(workload, events, config, runs, seed),
+                           first_action=True)
         if args.bound:
             from timelyllm_ros.bench.bound import add_bound, upper_bound
             add_bound(doc, upper_bound(events, workload, config, **run_kwargs))
@@ -408,6 +426,7 @@ def _main(args: argparse.Namespace) -> int:
             engine.shutdown()
 
     print(format_table(doc))
+    print(format_first_action_table(doc))
     if "paper_metrics" in doc:
         from timelyllm_ros.bench.paper_metrics import format_paper_table
         print(f"\n{scenario.paper}'s own figures (latency: arrival to last segment delivered):")
