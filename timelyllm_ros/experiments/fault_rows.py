@@ -188,8 +188,8 @@ def planner_sigkill(log_dir: Path, say: Say) -> dict:
         os.killpg(planner.pid, signal.SIGKILL)
         say(f"fault: SIGKILL to the planner; robots should stop after {LOST_S:g} s")
         planner.wait(10)
-        # Nothing will ever answer the clients; give them the robots' loss time and as long
-        # again, so the row shows what a client sees in that time.
+        # The dead planner answers no client: each client's own liveliness watch ends its
+        # goals "planner lost" after LOST_S (PlannerClient). Wait that and as long again.
         client_wait_s = 2 * LOST_S + 5
         wait_terminal(rig, tasks, client_wait_s)
         row = outcomes(rig, tasks, fault_at, tasks)
