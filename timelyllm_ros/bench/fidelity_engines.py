@@ -253,3 +253,71 @@ def format_steps(steps: Mapping[str, Mapping[str, Any]]) -> str:
             sim_cell = f"{sim['median_s'] * 1e3:7.1f} ({sim['steps']:4d})" if sim else "-"
             lines.append(f"  {policy:<14} batch {label:<5} {cells}  sim {sim_cell}")
     return "\n".join(lines)
+
+
+# ---- `python -m timelyllm_ros.bench.fidelity_engines`: the grammar cost per skill set ----------
+
+def grammar_key(regex: str) -> str:
+    """The substring that names a skill set's grammar in `constrained_grammar_s`: the start of
+    its regex (a resumed generation's regex contains the whole of it)."""
+    return regex[:24]
+
+
+def measure_constraint_cost(argv: Sequence[str] | None = None) -> int:
+    """Measure, per skill set, what its grammar costs a sequence per step on the real engine
+    (core/engine/constraint_cost.py) and print the profile lines."""
+    import argparse
+    from dataclasses import asdict
+
+    from timelyllm_ros.core.engine.constraint_cost import measure_skill_set
+    from timelyllm_ros.core.engine.factory import EngineSpec
+    from timelyllm_ros.core.engine.factory import build_engine as build_from_spec
+    from timelyllm_ros.core.engine.profiling import cpu_pressure, machine_description
+    from timelyllm_ros.core.engine.vllm_engine import VllmEngineConfig
+    from timelyllm_ros.core.skills.skillset import load_skillsets
+    from timelyllm_ros.core.tuf import default_config_dir
+    from timelyllm_ros.lrtrace.traces import load_traces
+
+    p = argparse.ArgumentParser(prog="python -m timelyllm_ros.bench.fidelity_engines",
+                                description=measure_constraint_cost.__doc__)
+    p.add_argument("--model", default="models/SmolLM2-135M-Instruct")
+    p.add_argument("--skill-sets", default="drone,arm")
+    p.add_argument("--repeats", type=int, default=5, help="mask fills per grammar state")
+    args = p.parse_args(argv)
+    started, meter = time.monotonic(), LoadMeter()
+    import xgrammar as xgr
+    from transformers import AutoConfig, AutoTokenizer
+
+    vocab = int(AutoConfig.from_pretrained(args.model).vocab_size)
+    compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(
+        AutoTokenizer.from_pretrained(args.model), vocab_size=vocab))
+    engine = build_from_spec(EngineSpec(kind="vllm",
+                                        vllm=asdict(VllmEngineConfig(model=args.model))))
+    sets = load_skillsets(default_config_dir() / "skillsets")
+    traces = load_traces()
+    results = []
+    for name in args.skill_sets.split(","):
+        skill_set = sets[name]
+        prompts = [engine.render_chat(skill_set.render_messages(t.instruction, ""))
+                   for t in traces.values() if t.skill_set == name]
+        regex = skill_set.output_regex()
+        cost = measure_skill_set(engine, compiler.compile_regex, vocab, name, prompts, regex,
+                                 skill_set.max_plan_tokens, args.repeats)
+        results.append((grammar_key(regex), cost))
+        print(f"{name}: {cost.plans} plans, {cost.states} grammar states; per sequence and "
+              f"step: mask+matcher {cost.mask_and_matcher_s * 1e3:.3f} ms (slowest state "
+              f"{cost.slowest_state_s * 1e3:.1f} ms), logits {cost.logits_s * 1e3:.3f} ms, "
+              f"session {cost.session_s * 1e3:.3f} ms: {cost.per_seq_s * 1e3:.3f} ms", flush=True)
+    load = meter.stop()
+    print("constrained_grammar_s:")
+    for key, cost in results:
+        print(f"  {key!r}: {cost.per_seq_s!r}  # {cost.skill_set}")
+    print(f"{machine_description()}; load {load.loadavg}, CPU waiting "
+          f"{load.cpu_waiting_share * 100:.0f} % (PSI avg300 {cpu_pressure()}%); "
+          f"{time.monotonic() - started:.0f} s")
+    import os
+    os._exit(0)  # vLLM's engine threads would hold the interpreter
+
+
+if __name__ == "__main__":
+    raise SystemExit(measure_constraint_cost())

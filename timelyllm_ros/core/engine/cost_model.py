@@ -14,6 +14,15 @@ prompts pays both terms, as an engine with continuous batching does when it fuse
 new sequences with the decode of running ones. Attention over a cached prefix is not charged to
 the prefill (at a few thousand tokens it is small next to the weight GEMMs).
 
+A step also pays, for each sequence that samples under a grammar (structured outputs, on vLLM
+sessions), `constrained_seq_s(its regex)`: the token bitmask, the matcher, the masked logits
+and the session chunks that park at statement ends, none of which a plain request has
+(measured apart from the step: constraint_cost.py). The cost depends on the grammar (a
+drone's MiniSpec mask costs several times an arm's), so `constrained_grammar_s` lists
+(substring of a grammar's regex, seconds) pairs, the first whose substring occurs in a
+request's regex applies, and `constrained_per_seq_s` any other grammar. Zero unless a profile
+measured it.
+
 `max_num_batched_tokens` is the engine's token budget per step (vLLM's setting of that name):
 decodes take one token each and prefills are chunked to fit what is left, so no step prefills
 more than the budget. The default, 8192, is what vLLM uses for an offline engine on a GPU under
@@ -69,6 +78,10 @@ class EngineProfile:
     kv_total_blocks: int = 2560
     max_model_len: int = 8192
     max_num_batched_tokens: int = 8192
+    # Grammar and session work per constrained sequence per step (constraint_cost.py): for a
+    # grammar whose regex contains a listed substring, its seconds; for any other, the default.
+    constrained_per_seq_s: float = 0.0
+    constrained_grammar_s: tuple[tuple[str, float], ...] = ()
     source: str = _DEFAULT_SOURCE
 
     def __post_init__(self) -> None:
@@ -88,6 +101,23 @@ class EngineProfile:
                 raise EngineProfileError(f"{key}: must be an integer, got {value!r}")
             if value < 1:
                 raise EngineProfileError(f"{key}: must be >= 1, got {value!r}")
+        pairs = self.constrained_grammar_s
+        if isinstance(pairs, Mapping):  # YAML writes the pairs as a mapping
+            pairs = tuple(pairs.items())
+        try:
+            pairs = tuple((key, seconds) for key, seconds in pairs)
+        except (TypeError, ValueError):
+            raise EngineProfileError("constrained_grammar_s: must be (regex substring, seconds) "
+                                     f"pairs, got {self.constrained_grammar_s!r}") from None
+        for key, seconds in pairs:
+            if not isinstance(key, str) or not key:
+                raise EngineProfileError(f"constrained_grammar_s: {key!r}: a key must be a "
+                                         "non-empty substring of a grammar's regex")
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) \
+                    or not math.isfinite(seconds) or seconds < 0:
+                raise EngineProfileError(f"constrained_grammar_s: {key}: must be finite and "
+                                         f">= 0, got {seconds!r}")
+        object.__setattr__(self, "constrained_grammar_s", pairs)
 
     # ---- cost model ----
 
@@ -111,6 +141,20 @@ class EngineProfile:
         """Cost of one fused iteration: prefill of new prompts plus one token for the batch."""
         return self.prefill_s(prefill_tokens) + self.decode_step_s(batch_size, context_tokens_total)
 
+    def constrained_seq_s(self, regex: str | None) -> float:
+        """Grammar and session work in one step of one sequence sampling under `regex` (zero
+        without one)."""
+        if not regex:
+            return 0.0
+        for key, seconds in self.constrained_grammar_s:
+            if key in regex:
+                return seconds
+        return self.constrained_per_seq_s
+
+    @property
+    def charges_constraints(self) -> bool:
+        return bool(self.constrained_per_seq_s or any(s for _, s in self.constrained_grammar_s))
+
     def first_token_s(self, prompt_tokens: int) -> float:
         """Time to first token of a lone request with an uncached prompt."""
         return self.step_s(prompt_tokens, 1, prompt_tokens)
@@ -121,7 +165,9 @@ class EngineProfile:
     # ---- persistence ----
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        data["constrained_grammar_s"] = dict(self.constrained_grammar_s)
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, origin: str = "profile") -> "EngineProfile":
@@ -188,6 +234,7 @@ _FLOAT_KEYS = (
     "decode_fixed_s",
     "decode_per_seq_s",
     "decode_per_ctx_token_s",
+    "constrained_per_seq_s",
 )
 _INT_KEYS = ("kv_block_size", "kv_total_blocks", "max_model_len", "max_num_batched_tokens")
 

@@ -35,9 +35,9 @@ and every arrival behind it, which vLLM never does. Simplification: a request's 
 its whole prompt are allocated when it is admitted (vLLM allocates them chunk by chunk), so a
 long prompt reserves its memory one or two steps early.
 
-What it does not model: sampling, structured outputs (`output_regex` is ignored: the script is
-assumed valid), and an extra EOS step (a request finishes on the step that emits the last token
-of its script).
+What it does not model: sampling, structured outputs (`output_regex` only costs the profile's
+`constrained_seq_s` per sampling sequence and step: the script is assumed valid), and an extra
+EOS step (a request finishes on the step that emits the last token of its script).
 """
 
 from __future__ import annotations
@@ -87,6 +87,7 @@ class SimulatedEngine(PauseHandling, PrefixCachedKv, RequestQueues):
             raise ValueError(f"max_num_batched_tokens ({self._step_tokens}) must be >= "
                              f"max_num_seqs ({max_num_seqs})")
         self._budget = self._step_tokens  # tokens left in the step being scheduled
+        self._constrained_cost = self.profile.charges_constraints
         self.tokenizer = tokenizer if tokenizer is not None else PieceTokenizer()
         self._clock = float(start_time)
         self._init_kv(self.profile.kv_total_blocks, self.profile.kv_block_size)
@@ -159,6 +160,9 @@ class SimulatedEngine(PauseHandling, PrefixCachedKv, RequestQueues):
         batch = computing + admitted
         context = sum(seq.num_computed for seq in batch)
         duration = self.profile.step_s(prefill_tokens, len(batch), context)
+        if self._constrained_cost:  # grammar work of the sequences that sample
+            duration += sum(self.profile.constrained_seq_s(seq.request.output_regex)
+                            for seq in batch if not seq.prefill_pending)
         swap_s = 0.0
         if batch:
             swap_s = self._pending_swap_s + swap_in_s
