@@ -295,6 +295,7 @@ class _CappedCandidateAdmission(CandidateAdmission):
         self.cap = FixedBatchCap(cap).cap
         self.inner = inner
         self.skip_refused = inner.skip_refused
+        self.reads_preserved_blocks = inner.reads_preserved_blocks
 
     def begin_pass(self, admission_pass: AdmissionPass) -> None:
         self.inner.begin_pass(admission_pass)
@@ -313,6 +314,9 @@ class _CappedCandidateAdmission(CandidateAdmission):
 
     def yield_below(self, running, now, rate):
         return self.inner.yield_below(running, now, rate)
+
+    def yield_keys(self, running, now):
+        return self.inner.yield_keys(running, now)
 
     def note_admission(self) -> None:
         self.inner.note_admission()

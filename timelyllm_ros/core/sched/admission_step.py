@@ -11,6 +11,7 @@ prefix cache serves its full blocks), or a paused one resumed in place.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Collection
@@ -40,6 +41,9 @@ class Contention:
 
     best_refused_priority: float
     refused: int
+    # Running generations the admission controller asked to suspend at their next boundary,
+    # by key (`CandidateAdmission.yield_keys`), whatever their priority.
+    yield_keys: frozenset = frozenset()
 
 
 class AdmissionStep(ParkedEviction):
@@ -68,12 +72,19 @@ class AdmissionStep(ParkedEviction):
         self._contention = None
         self._admit_queued(now)
         if self._running and self._candidate_aware and self.policy.suspend_when == "contended":
-            bar = self._admission.yield_below(self._batch_state(now), now, self._rate.rate)
+            batch = self._batch_state(now)
+            bar = self._admission.yield_below(batch, now, self._rate.rate)
             if bar is not None:
                 c = self._contention
                 self._contention = Contention(
                     bar if c is None else max(bar, c.best_refused_priority),
                     len(self._running) + (0 if c is None else c.refused))
+            named = self._admission.yield_keys(batch, now)
+            if named:
+                c = self._contention
+                self._contention = Contention(
+                    -math.inf if c is None else c.best_refused_priority,
+                    0 if c is None else c.refused, frozenset(named))
 
     def _admit_queued(self, now: float) -> None:
         if not len(self._queue):
@@ -197,8 +208,15 @@ class AdmissionStep(ParkedEviction):
         urgent = view.is_urgent[rows].tolist()
         task_seq = view.task_seq[rows].tolist()
         admission = self._admission
+        preserved = {}
+        if admission.reads_preserved_blocks and self._paused:
+            for key in self._paused:
+                task = self.tasks[key]
+                held = self._preserved_blocks(task, context_of(task))
+                if held:
+                    preserved[key] = held
         admission.begin_pass(AdmissionPass(now, view, rows, keys, list(batch), free, block_size,
-                                           self._rate.rate))
+                                           self._rate.rate, preserved))
         self._record_overhead(started)
         admitted = []
         tasks, shared_of, paused = self.tasks, self._shared_of, self._paused
@@ -213,9 +231,10 @@ class AdmissionStep(ParkedEviction):
             need = needs[j]
             if paused and task_id in paused:
                 need -= self._preserved_blocks(task, context[j])
+            tuf = task.spec.tuf
             cand = Candidate(task_id, task_seq[j], context[j], bounds[j], prefill[j], need,
                              deadlines[j], urgent[j], seg_index[j], task.spec.skill_set,
-                             shared_of.get(task_id, 0))
+                             shared_of.get(task_id, 0), tuf.initial_utility, tuf.slope_per_s)
             plan = self._room_for(task, need, refused_parked, now)
             ok, _why = admission.may_admit_candidate(
                 batch, cand, free if plan is None else max(free, plan.free_after))
@@ -245,7 +264,8 @@ class AdmissionStep(ParkedEviction):
             if task.engine_request_id is not None:
                 batch.append(RunningGen(task_id, cand.context_tokens, 0, cand.bound_tokens,
                                         cand.deadline_s, cand.is_urgent, cand.skill_set,
-                                        cand.shared_tokens, cand.segment_index))
+                                        cand.shared_tokens, cand.segment_index,
+                                        cand.initial_utility, cand.slope))
                 free -= need
             admitted.append(task.submit_index)
         return admitted
@@ -265,10 +285,12 @@ class AdmissionStep(ParkedEviction):
     def _batch_state(self, now: float) -> list[RunningGen]:
         out = []
         for rid, task in self._running.items():
+            tuf = task.spec.tuf
             out.append(RunningGen(task.task_id, context_of(task), task.tokens_this_run,
                                   self._run_bound.get(rid, 0), self._deadline_of(task, now),
                                   task.spec.is_urgent, task.spec.skill_set,
-                                  self._shared_of.get(task.task_id, 0), len(task.segments)))
+                                  self._shared_of.get(task.task_id, 0), len(task.segments),
+                                  tuf.initial_utility, tuf.slope_per_s))
         return out
 
     def _deadline_of(self, task: TaskRecord, now: float) -> float:

@@ -13,8 +13,8 @@ Everything that crosses the boundary of `SegmentScheduler` is typed here, the wa
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import ClassVar, Collection, Protocol, Sequence, TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import ClassVar, Collection, Mapping, Protocol, Sequence, TYPE_CHECKING
 
 import numpy as np
 
@@ -150,6 +150,10 @@ class RunningGen:
     shared_tokens: int = 0
     # Index of the segment it is generating: 0 = the task's first (its response), else a resume.
     segment_index: int = 0
+    # Its task's TUF: the segment finishing at t is worth U0 - k * max(0, t - deadline_s)
+    # (a resume's deadline is when the robot finishes the previous segment: TUF.for_suspended).
+    initial_utility: float = 0.0
+    slope: float = 0.0
 
     @property
     def remaining_tokens(self) -> int:
@@ -171,6 +175,9 @@ class Candidate:
     segment_index: int
     skill_set: str = ""
     shared_tokens: int = 0
+    # Its task's TUF, as for RunningGen.
+    initial_utility: float = 0.0
+    slope: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -185,6 +192,10 @@ class AdmissionPass:
     free_kv_blocks: int
     block_size: int
     rate: float | None = None  # measured decode speed of one generation (tokens/s)
+    # KV blocks that queued generations' preserved pauses still hold in the engine (their
+    # admission needs that many fewer), by key; filled only for a controller that declares
+    # `reads_preserved_blocks`.
+    preserved_blocks: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -232,6 +243,8 @@ class CandidateAdmission(AdmissionController):
 
     # True: a refused candidate is skipped and the walk goes on; False: the walk stops there.
     skip_refused: bool = False
+    # True: `begin_pass` reads `AdmissionPass.preserved_blocks` (the scheduler fills it).
+    reads_preserved_blocks: bool = False
 
     def begin_pass(self, admission_pass: AdmissionPass) -> None:
         """Once per admission pass, before the first candidate."""
@@ -263,6 +276,13 @@ class CandidateAdmission(AdmissionController):
         segment boundary, because the batch is too large for the work above it; None (default)
         for no such request. Called only for policies with `suspend_when == "contended"`."""
         return None
+
+    def yield_keys(self, running: Sequence[RunningGen], now: float) -> Collection[str]:
+        """After each admission pass, given the running batch: keys of running generations to
+        suspend at their next segment boundary, whatever their priority (a controller that
+        decides yields per generation rather than by a priority bar); none by default. Called
+        only for policies with `suspend_when == "contended"`."""
+        return ()
 
     def may_admit(self, running, rate, free_kv_blocks, blocks_needed):
         raise TypeError(f"{type(self).__name__} admits candidates: the scheduler calls "

@@ -138,6 +138,8 @@ class OutputStep:
         if self.policy.suspend_when == "always":
             return True
         contention = self._contention
+        if contention is not None and task.task_id in contention.yield_keys:
+            return True  # the admission controller named it (CandidateAdmission.yield_keys)
         if contention is None or contention.refused <= 0:
             self.suspensions_avoided += 1
             return False
