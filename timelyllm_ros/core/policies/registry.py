@@ -22,6 +22,7 @@ from typing import Any, Callable, ClassVar, Mapping
 
 from timelyllm_ros.core.policies.builtin import (EdfPolicy, FcfsPolicy, PriorityClassPolicy,
                                                   TimelyPolicy)
+from timelyllm_ros.core.policies.predictive import PredictiveTimelyPolicy
 from timelyllm_ros.core.policies.work_conserving import WorkConservingTimelyPolicy
 from timelyllm_ros.core.sched.admission import (FixedBatchCap, LatencyGuidedAdmission,
                                                 with_batch_cap)
@@ -181,6 +182,9 @@ _builtin("edf-seg", EdfPolicy, dispatch="segment")
 _builtin("timelyllm", TimelyPolicy, slack_scaling="max_slack_g")
 _builtin("timelyllm-wc", WorkConservingTimelyPolicy)
 _builtin("timelyllm-wc-serve", WorkConservingTimelyPolicy, hopeless="serve")
+# Batch control predicted from the cost model (core/policies/predictive.py,
+# docs/batch-control.md).
+_builtin("timelyllm-pred", PredictiveTimelyPolicy)
 for _scaling in slack_scaling_names():
     _builtin(f"timelyllm-{_scaling}", TimelyPolicy, slack_scaling=_scaling)
 _builtin("authors-vllm", AuthorsVllmPolicy)

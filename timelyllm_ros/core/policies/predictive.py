@@ -1,0 +1,206 @@
+"""TimelyLLM with batch control predicted from the cost model (`timelyllm-pred`).
+
+The ranking is the default's (`timelyllm-wc`, core/policies/work_conserving.py): responses (first
+segments) above every resume, PUD scaled by slack within each class, hopeless first segments
+shed, work-conserving suspension. What differs is how the batch is controlled: instead of a step
+cap, a prefill hold and a response horizon chosen on presets, every admission pass builds a
+frozen `DecisionSnapshot` (core/sched/decision.py) and takes its admissions, holds and yields
+from `decide`, which predicts each segment's finish under each choice with the step-time model
+learned online from the engine's steps (core/sched/step_model.py; the engine's cost profile is
+its prior) and maximises the summed predicted utility of the tasks' TUFs. docs/batch-control.md
+explains the rule, the knobs and the measured figures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Collection, Sequence
+
+import numpy as np
+
+from timelyllm_ros.core.policies.builtin import TimelyPolicy
+from timelyllm_ros.core.policies.work_conserving import (_RESPONSE_OFFSET,
+                                                         WorkConservingTimelyPolicy)
+from timelyllm_ros.core.sched.decision import (BatchDecision, CandidateQueue, DecisionSnapshot,
+                                               RunningSet, StepCoefficients, decide)
+from timelyllm_ros.core.sched.interface import (AdmissionController, AdmissionPass, Candidate,
+                                                CandidateAdmission, PauseInfo, RunningGen,
+                                                SchedulerContext, StepInfo)
+from timelyllm_ros.core.sched.queue_view import QueueView
+from timelyllm_ros.core.sched.step_model import StepTimeModel
+
+
+class FirstSegmentMeans:
+    """Mean tokens of a first segment per skill set, from what the admission passes see of the
+    running batch: a generation seen on its first segment and then on a later one, or gone, had
+    about as many tokens as when last seen. Before a skill set's first measurement its segment
+    bound is the estimate (the most it can take)."""
+
+    def __init__(self) -> None:
+        self._sum: dict[str, float] = {}
+        self._count: dict[str, int] = {}
+        self._watching: dict[str, tuple[str, int]] = {}
+
+    def observe(self, running: Sequence[RunningGen]) -> None:
+        still = {g.key: (g.skill_set, g.tokens_this_run) for g in running
+                 if g.segment_index == 0}
+        for key, (skill_set, tokens) in self._watching.items():
+            if key not in still:
+                self._sum[skill_set] = self._sum.get(skill_set, 0.0) + max(1, tokens)
+                self._count[skill_set] = self._count.get(skill_set, 0) + 1
+        self._watching = still
+
+    def tokens(self, skill_set: str, bound: int) -> float:
+        n = self._count.get(skill_set)
+        if not n:
+            return float(max(1, bound))
+        return min(float(max(1, bound)), self._sum[skill_set] / n)
+
+
+class PredictiveAdmission(CandidateAdmission):
+    """Answers the scheduler's walk from one `decide` per pass (module docstring)."""
+
+    # The decision has chosen the whole pass: the walk skips what it holds and goes on to the
+    # next key it admits (the shortlist), without building a candidate for the others.
+    skip_refused = True
+    reads_preserved_blocks = True
+
+    def __init__(self, model: StepTimeModel, *, step_token_budget: int, kv_block_size: int,
+                 max_num_seqs: int | None = None, lengths: FirstSegmentMeans | None = None):
+        self.model = model
+        self.step_token_budget = int(step_token_budget)
+        self.kv_block_size = int(kv_block_size)
+        self.max_num_seqs = max_num_seqs
+        self.lengths = lengths if lengths is not None else FirstSegmentMeans()
+        self.decision: BatchDecision | None = None
+        self._decided_at: float | None = None
+        self._admit: frozenset = frozenset()
+        self.last_snapshot: DecisionSnapshot | None = None
+
+    # ---- snapshot
+    def running_set(self, running: Sequence[RunningGen]) -> RunningSet:
+        remaining = []
+        for g in running:
+            if g.segment_index == 0:
+                left = self.lengths.tokens(g.skill_set, g.bound_tokens) - g.tokens_this_run
+            else:
+                # A resume's run may go on past its first boundary (work-conserving): then
+                # how far into its current segment it is is not known, and its bound is the
+                # most the segment can still take.
+                left = g.bound_tokens - g.tokens_this_run
+                if left < 1:
+                    left = g.bound_tokens
+            remaining.append(max(1.0, left))
+        return RunningSet.build(
+            [g.key for g in running], remaining, [g.context_tokens for g in running],
+            [g.deadline_s for g in running], [g.initial_utility for g in running],
+            [g.slope for g in running], [g.segment_index for g in running],
+            [g.is_urgent for g in running])
+
+    def candidate_queue(self, p: AdmissionPass) -> CandidateQueue:
+        view, rows = p.view, p.rows
+        context = view.context_tokens[rows]
+        bound = view.bound_tokens[rows]
+        blocks = -(-(context + bound) // p.block_size)
+        if p.preserved_blocks:
+            position = {key: j for j, key in enumerate(p.keys) if key in p.preserved_blocks}
+            for key, j in position.items():
+                blocks[j] -= p.preserved_blocks[key]
+        # A queued candidate's skill set is not a queue column: its segment is priced at its
+        # bound, the most it can take.
+        return CandidateQueue(
+            tuple(p.keys), view.prefill_tokens[rows].astype(np.float64),
+            np.maximum(bound, 1).astype(np.float64), bound.astype(np.float64),
+            context.astype(np.float64), blocks,
+            view.reference_s[rows] + view.ert_s[rows], view.initial_utility[rows],
+            view.slope[rows], view.segment_index[rows])
+
+    def snapshot(self, now: float, running: Sequence[RunningGen],
+                 candidates: CandidateQueue, free_kv_blocks: int) -> DecisionSnapshot:
+        free_slots = None
+        if self.max_num_seqs is not None:
+            free_slots = max(0, self.max_num_seqs - len(running))
+        coef = self.model.coefficient_array()
+        return DecisionSnapshot(now, self.running_set(running), candidates, int(free_kv_blocks),
+                                free_slots, self.step_token_budget,
+                                StepCoefficients(*map(float, coef)), self.kv_block_size)
+
+    # ---- CandidateAdmission
+    def begin_pass(self, admission_pass: AdmissionPass) -> None:
+        self.lengths.observe(admission_pass.running)
+        snap = self.snapshot(admission_pass.now, admission_pass.running,
+                             self.candidate_queue(admission_pass),
+                             admission_pass.free_kv_blocks)
+        self._set(decide(snap), admission_pass.now, snap)
+
+    def _set(self, decision: BatchDecision, now: float, snap: DecisionSnapshot) -> None:
+        self.decision = decision
+        self._decided_at = now
+        self._admit = frozenset(decision.admit)
+        self.last_snapshot = snap
+
+    def shortlist(self) -> Collection | None:
+        return self._admit
+
+    def may_admit_candidate(self, batch: Sequence[RunningGen], candidate: Candidate,
+                            free_kv_blocks: int) -> tuple[bool, str]:
+        if candidate.key not in self._admit:
+            hold = {} if self.decision is None else self.decision.hold
+            return False, hold.get(candidate.key, "not reached by the decision's walk")
+        if candidate.blocks_needed > free_kv_blocks:
+            return False, f"kv blocks: need {candidate.blocks_needed}, free {free_kv_blocks}"
+        if self.max_num_seqs is not None and len(batch) >= self.max_num_seqs:
+            return False, f"all {self.max_num_seqs} slots taken"
+        return True, "admitted by the predicted-utility decision"
+
+    def yield_keys(self, running: Sequence[RunningGen], now: float) -> Collection[str]:
+        if self._decided_at != now:
+            # No admission pass ran at this step (empty queue): decide on the batch alone.
+            self.lengths.observe(running)
+            snap = self.snapshot(now, running, CandidateQueue.empty(), 0)
+            self._set(decide(snap), now, snap)
+        return self.decision.yields.keys()
+
+
+@dataclass
+class PredictiveTimelyPolicy(TimelyPolicy):
+    """`timelyllm-pred` (module docstring). Knobs: the step model's `prior_steps` and
+    `memory_steps` (core/sched/step_model.py), and `preserve_kv_share` as in `timelyllm-wc`."""
+
+    name: str = "timelyllm-pred"
+    suspend_when: str = "contended"
+    hopeless: str = "shed"
+    latency_guided_admission: bool = False
+    prior_steps: float = 50.0
+    memory_steps: float = 2000.0
+    preserve_kv_share: float = 0.5
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.step_model: StepTimeModel | None = None
+
+    def priorities(self, view: QueueView, now: float) -> np.ndarray:
+        out = super().priorities(view, now)
+        out[view.segment_index == 0] += _RESPONSE_OFFSET
+        return out
+
+    def make_admission(self, ctx: SchedulerContext) -> AdmissionController | None:
+        self.step_model = StepTimeModel(ctx.profile, informed=ctx.profile is not None,
+                                        prior_steps=self.prior_steps,
+                                        memory_steps=self.memory_steps)
+        budget = None
+        if ctx.engine is not None:
+            budget = ctx.engine.max_num_batched_tokens()
+        if not budget:
+            budget = self.step_model.profile.max_num_batched_tokens
+        return PredictiveAdmission(self.step_model, step_token_budget=int(budget),
+                                   kv_block_size=ctx.kv_block_size,
+                                   max_num_seqs=ctx.max_num_seqs)
+
+    def on_step(self, step: StepInfo) -> None:
+        if self.step_model is not None:
+            self.step_model.observe(step.duration_s, step.batch_size, step.context_tokens,
+                                    step.prefill_tokens)
+
+    def pause_handling(self, pause: PauseInfo) -> str:
+        return WorkConservingTimelyPolicy.pause_handling(self, pause)

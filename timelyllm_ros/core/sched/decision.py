@@ -1,0 +1,445 @@
+"""Batch control as one pure function: a frozen snapshot in, admissions, holds and yields out.
+
+`decide(snapshot)` is what the `timelyllm-pred` policy (core/policies/predictive.py) asks at
+every admission pass, and it needs no engine: the snapshot holds the running batch, the queued
+candidates in the scheduler's walk order, the free KV blocks and slots, the engine's token
+budget per step and the step model's coefficients (core/sched/step_model.py). The way vLLM keeps
+`SchedulerOutput` apart from its requests.
+
+**Prediction.** Every choice is priced by when it makes each segment finish. With `b` sequences
+in the batch, `ctx` context tokens over them and `P` prefill tokens admitted but not yet
+computed, a step decodes one token of every running generation and prefills at most
+`chunk = budget - running` tokens (vLLM V1: decodes first, prefills chunked into what is
+left). A generation `m` steps from its segment end finishes after
+
+    t(m) = m * step(b, ctx) + prefill_per_token * min(P, m * chunk)
+           + prefill_fixed * min(m, ceil(P / chunk))
+
+(every running generation pays the prefill steps it shares). An admitted candidate is
+`ceil(Q / chunk) + L - 1` steps from its segment end, `Q` the prefill admitted up to and
+including its own (the walk order is the engine's order) and `L` the tokens of its segment
+(its first token comes with its last prefill chunk). Utility at a finish `t` is its task's TUF,
+`U0 - k * max(0, now + t - deadline)`: a first segment's deadline is arrival + ERT, a resume's
+when its robot finishes the previous segment (`TUF.for_suspended`).
+
+**Admission** (a greedy pass in walk order, the scheduler's priority order). A candidate that
+fits the free KV blocks and slots is admitted when what it gains by starting now, against
+waiting until the generations its admission makes later have finished, is at least what it
+costs them (the summed utility they lose). So a candidate that costs nobody anything is
+admitted (work conserving), one with slack to spare waits while its admission would make
+someone else late, and an urgent one is admitted when its own lateness outweighs theirs.
+
+**Yields** (a resume at its next segment boundary). A running resume is asked to yield when
+taking it out of the batch after its boundary saves the others more utility than it costs the
+resume (its next segment starting after they finish rather than right away, against the
+deadline of the segment it is on); resumes with the most slack go first. A queued first segment
+that does not fit the KV blocks or slots asks the resumes with the most slack to yield enough
+for it when the utility it would then get exceeds what they lose (waiting for a whole plan to
+end instead is not predictable from here: taken as its cut-off, zero utility).
+
+Everything is vectorised with numpy over the candidates (in blocks) and over the generations a
+choice can hurt (those that could still be made later than their deadline); the walk stops as
+soon as no slot or no candidate's blocks remain. `bench/decision_cost.py` measures a pick.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Candidates evaluated together in one numpy pass (a block); a block's work is
+# O(block * generations at risk). A throughput setting, not a policy one: the decision is the
+# same for any block size (test).
+CANDIDATE_BLOCK = 128
+
+HOLD_KV = "kv blocks: it needs more than are free"
+HOLD_SLOTS = "no free slot"
+HOLD_COST = "admitting it now would cost the running ones more utility than it gains by not waiting"
+YIELD_SPEED = "out of the batch after its boundary it saves others more utility than it loses"
+YIELD_ROOM = "its blocks and slot let a queued first segment in, worth more than it loses"
+
+
+@dataclass(frozen=True)
+class StepCoefficients:
+    """The cost model's coefficients in seconds (core/engine/cost_model.py)."""
+
+    decode_fixed_s: float
+    decode_per_seq_s: float
+    decode_per_ctx_token_s: float
+    prefill_fixed_s: float
+    prefill_per_token_s: float
+
+    def __post_init__(self) -> None:
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{name}: must be finite and >= 0, got {value!r}")
+
+    @classmethod
+    def from_profile(cls, profile) -> "StepCoefficients":
+        return cls(profile.decode_fixed_s, profile.decode_per_seq_s,
+                   profile.decode_per_ctx_token_s, profile.prefill_fixed_s,
+                   profile.prefill_per_token_s)
+
+
+def _column(values, dtype) -> np.ndarray:
+    arr = np.array(values, dtype=dtype)
+    arr.setflags(write=False)
+    return arr
+
+
+@dataclass(frozen=True)
+class RunningSet:
+    """The running batch, one entry per generation (parallel read-only arrays).
+
+    remaining_tokens: tokens to its current segment's end (predicted, >= 1).
+    context_tokens: its KV now. deadline_s: when its segment is due (first segment: arrival +
+    ERT; a resume: when the robot finishes the previous one). initial_utility, slope: U0 and k.
+    segment_index: 0 for a response (first segment), else a resume."""
+
+    keys: tuple[str, ...]
+    remaining_tokens: np.ndarray
+    context_tokens: np.ndarray
+    deadline_s: np.ndarray
+    initial_utility: np.ndarray
+    slope: np.ndarray
+    segment_index: np.ndarray
+    is_urgent: np.ndarray
+
+    @classmethod
+    def build(cls, keys, remaining_tokens, context_tokens, deadline_s, initial_utility, slope,
+              segment_index, is_urgent=None) -> "RunningSet":
+        n = len(keys)
+        out = cls(tuple(keys), _column(remaining_tokens, np.float64),
+                  _column(context_tokens, np.float64), _column(deadline_s, np.float64),
+                  _column(initial_utility, np.float64), _column(slope, np.float64),
+                  _column(segment_index, np.int64),
+                  _column(np.zeros(n, bool) if is_urgent is None else is_urgent, np.bool_))
+        out._check(n)
+        return out
+
+    def _check(self, n: int) -> None:
+        for name in ("remaining_tokens", "context_tokens", "deadline_s", "initial_utility",
+                     "slope", "segment_index", "is_urgent"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"{name}: {len(getattr(self, name))} values for {n} keys")
+        if n and (self.remaining_tokens < 1).any():
+            raise ValueError("remaining_tokens: must be >= 1")
+
+    @classmethod
+    def empty(cls) -> "RunningSet":
+        return cls.build((), (), (), (), (), (), ())
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+@dataclass(frozen=True)
+class CandidateQueue:
+    """Queued generations in the walk order (parallel read-only arrays).
+
+    prefill_tokens: prompt tokens its admission computes. segment_tokens: tokens to its segment's
+    end once it runs (predicted, >= 1; at most its bound). bound_tokens: the most it may
+    generate in this run. blocks_needed: KV blocks its admission takes. The rest as RunningSet."""
+
+    keys: tuple[str, ...]
+    prefill_tokens: np.ndarray
+    segment_tokens: np.ndarray
+    bound_tokens: np.ndarray
+    context_tokens: np.ndarray
+    blocks_needed: np.ndarray
+    deadline_s: np.ndarray
+    initial_utility: np.ndarray
+    slope: np.ndarray
+    segment_index: np.ndarray
+
+    @classmethod
+    def build(cls, keys, prefill_tokens, segment_tokens, bound_tokens, context_tokens,
+              blocks_needed, deadline_s, initial_utility, slope,
+              segment_index) -> "CandidateQueue":
+        out = cls(tuple(keys), _column(prefill_tokens, np.float64),
+                  _column(segment_tokens, np.float64), _column(bound_tokens, np.float64),
+                  _column(context_tokens, np.float64), _column(blocks_needed, np.int64),
+                  _column(deadline_s, np.float64), _column(initial_utility, np.float64),
+                  _column(slope, np.float64), _column(segment_index, np.int64))
+        n = len(out.keys)
+        for name in ("prefill_tokens", "segment_tokens", "bound_tokens", "context_tokens",
+                     "blocks_needed", "deadline_s", "initial_utility", "slope", "segment_index"):
+            if len(getattr(out, name)) != n:
+                raise ValueError(f"{name}: {len(getattr(out, name))} values for {n} keys")
+        if n and (out.segment_tokens < 1).any():
+            raise ValueError("segment_tokens: must be >= 1")
+        return out
+
+    @classmethod
+    def empty(cls) -> "CandidateQueue":
+        return cls.build((), (), (), (), (), (), (), (), (), ())
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+@dataclass(frozen=True)
+class DecisionSnapshot:
+    """Everything one decision reads. `free_slots` None: no slot limit."""
+
+    now: float
+    running: RunningSet
+    candidates: CandidateQueue
+    free_kv_blocks: int
+    free_slots: int | None
+    step_token_budget: int
+    coefficients: StepCoefficients
+    kv_block_size: int
+
+    def __post_init__(self) -> None:
+        if self.kv_block_size < 1:
+            raise ValueError(f"kv_block_size: must be >= 1, got {self.kv_block_size!r}")
+        if self.step_token_budget < 1:
+            raise ValueError(f"step_token_budget: must be >= 1, got {self.step_token_budget!r}")
+        if self.free_slots is not None and self.free_slots < 0:
+            raise ValueError(f"free_slots: must be >= 0 or None, got {self.free_slots!r}")
+
+
+@dataclass(frozen=True)
+class BatchDecision:
+    """admit: keys to start now, in walk order. hold: queued keys the walk reached and refused,
+    with the reason. yields: running keys to suspend at their next boundary, with the reason.
+    Queued keys in neither were not reached (the walk stopped: nothing further fitted)."""
+
+    admit: tuple[str, ...]
+    hold: dict[str, str] = field(default_factory=dict)
+    yields: dict[str, str] = field(default_factory=dict)
+
+
+class _Batch:
+    """The batch as the walk grows it: every member's steps to its segment end and TUF."""
+
+    def __init__(self, snap: DecisionSnapshot):
+        r = snap.running
+        c = snap.coefficients
+        self.now = snap.now
+        self.coef = c
+        self.running_count = len(r)
+        self.size = float(len(r))
+        self.context = float(r.context_tokens.sum())
+        self.prefill = 0.0  # admitted, not yet computed
+        self.free_blocks = int(snap.free_kv_blocks)  # left after the walk's admissions
+        self.free_slots = snap.free_slots
+        # One chunk of prefill per step: what the budget leaves after the running decodes.
+        self.chunk = float(max(1, snap.step_token_budget - len(r)))
+        self.steps = r.remaining_tokens.astype(np.float64)
+        self.deadline = r.deadline_s
+        self.u0 = r.initial_utility
+        self.slope = r.slope
+
+    def step_s(self, size, context):
+        c = self.coef
+        return c.decode_fixed_s + c.decode_per_seq_s * size + c.decode_per_ctx_token_s * context
+
+    def finish(self, steps, size, context, prefill):
+        """Seconds from now until `steps` more steps have run (module docstring); numpy
+        broadcasting over any of the arguments."""
+        c = self.coef
+        prefill_steps = np.ceil(prefill / self.chunk)
+        return (steps * self.step_s(size, context)
+                + c.prefill_per_token_s * np.minimum(prefill, steps * self.chunk)
+                + c.prefill_fixed_s * np.minimum(steps, prefill_steps))
+
+    def lateness(self, t, deadline):
+        return np.maximum(self.now + t - deadline, 0.0)
+
+    def add(self, steps, context, prefill, deadline, u0, slope) -> None:
+        self.size += 1
+        self.context += context
+        self.prefill += prefill
+        self.steps = np.append(self.steps, steps)
+        self.deadline = np.append(self.deadline, deadline)
+        self.u0 = np.append(self.u0, u0)
+        self.slope = np.append(self.slope, slope)
+
+
+def decide(snap: DecisionSnapshot) -> BatchDecision:
+    """The decision for `snap` (module docstring). Deterministic, and it never admits more than
+    the free KV blocks and slots hold."""
+    batch = _Batch(snap)
+    admit, hold = _walk(snap, batch)
+    yields = _yields(snap, batch, hold)
+    return BatchDecision(tuple(admit), hold, yields)
+
+
+def _walk(snap: DecisionSnapshot, batch: _Batch) -> tuple[list[str], dict[str, str]]:
+    cand = snap.candidates
+    n = len(cand)
+    admit: list[str] = []
+    hold: dict[str, str] = {}
+    free_blocks = int(snap.free_kv_blocks)
+    free_slots = snap.free_slots
+    if n == 0:
+        return admit, hold
+    # Smallest need from each position on: the walk stops when nothing further fits.
+    min_need_from = np.minimum.accumulate(cand.blocks_needed[::-1])[::-1]
+    start = 0
+    while start < n:
+        if free_slots is not None and free_slots <= 0:
+            break
+        if min_need_from[start] > free_blocks:
+            break
+        stop = min(n, start + CANDIDATE_BLOCK)
+        sl = slice(start, stop)
+        fits = cand.blocks_needed[sl] <= free_blocks
+        admit_now = fits & _worth_admitting(batch, cand, sl)
+        picked = np.flatnonzero(admit_now)
+        end = stop if not len(picked) else start + int(picked[0])
+        for j in range(start, end):  # held: the state is unchanged by them
+            hold[cand.keys[j]] = HOLD_COST if cand.blocks_needed[j] <= free_blocks else HOLD_KV
+        if not len(picked):
+            start = stop
+            continue
+        j = end
+        key = cand.keys[j]
+        admit.append(key)
+        free_blocks -= int(cand.blocks_needed[j])
+        if free_slots is not None:
+            free_slots -= 1
+        prefill_after = batch.prefill + cand.prefill_tokens[j]
+        steps = np.ceil(prefill_after / batch.chunk) + cand.segment_tokens[j] - 1
+        batch.add(max(1.0, steps), cand.context_tokens[j], cand.prefill_tokens[j],
+                  cand.deadline_s[j], cand.initial_utility[j], cand.slope[j])
+        start = j + 1
+    # What the walk did not reach because nothing further fits is held for that reason too.
+    reason = HOLD_SLOTS if free_slots is not None and free_slots <= 0 else HOLD_KV
+    for j in range(start, n):
+        if cand.keys[j] not in hold:
+            hold[cand.keys[j]] = reason
+    batch.free_blocks, batch.free_slots = free_blocks, free_slots
+    return admit, hold
+
+
+def _worth_admitting(batch: _Batch, cand: CandidateQueue, sl: slice) -> np.ndarray:
+    """For each candidate of `sl`, admitted next onto `batch`: gain >= cost (module docstring)."""
+    ctx_k = cand.context_tokens[sl]
+    pre_k = cand.prefill_tokens[sl]
+    size_k = batch.size + 1
+    context_k = batch.context + ctx_k
+    prefill_k = batch.prefill + pre_k
+    own_steps = np.maximum(1.0, np.ceil(prefill_k / batch.chunk) + cand.segment_tokens[sl] - 1)
+    own_now = batch.finish(own_steps, size_k, context_k, prefill_k)
+
+    # The members a candidate can hurt: those that would be late under the largest admission
+    # of this block (the finish only grows with the candidate's context and prefill).
+    base = batch.finish(batch.steps, batch.size, batch.context, batch.prefill)
+    cost = np.zeros(len(ctx_k))
+    t_free = np.zeros(len(ctx_k))
+    if len(base):
+        worst = batch.finish(batch.steps, size_k, batch.context + ctx_k.max(initial=0.0),
+                             batch.prefill + pre_k.max(initial=0.0))
+        risk = np.flatnonzero(batch.now + worst > batch.deadline)
+        if len(risk):
+            steps = batch.steps[risk][:, None]
+            with_k = batch.finish(steps, size_k, context_k[None, :], prefill_k[None, :])
+            late_base = batch.lateness(base[risk], batch.deadline[risk])[:, None]
+            late_k = batch.lateness(with_k, batch.deadline[risk][:, None])
+            loss = batch.slope[risk][:, None] * (late_k - late_base)
+            cost = loss.sum(axis=0)
+            hurt = loss > 0
+            t_free = np.where(hurt, base[risk][:, None], 0.0).max(axis=0)
+    # Waiting: started once the members it hurts have finished, then the same service.
+    own_wait = t_free + own_now
+    dl = cand.deadline_s[sl]
+    gain = cand.slope[sl] * (batch.lateness(own_wait, dl) - batch.lateness(own_now, dl))
+    return gain >= cost
+
+
+def _yields(snap: DecisionSnapshot, batch: _Batch, hold: dict[str, str]) -> dict[str, str]:
+    r = snap.running
+    out: dict[str, str] = {}
+    resumes = np.flatnonzero(r.segment_index > 0)
+    if not len(resumes):
+        return out
+    finish = batch.finish(batch.steps, batch.size, batch.context, batch.prefill)
+    step = batch.step_s(batch.size, batch.context)
+    # Most slack first: the resumes that lose least by waiting.
+    slack = r.deadline_s[resumes] - (batch.now + finish[resumes])
+    pool = resumes[np.lexsort((resumes, -slack))]
+    coef = batch.coef
+    position = 0
+    while position < len(pool):
+        lateness = batch.lateness(finish, batch.deadline)
+        late = np.flatnonzero(lateness > 0)
+        if not len(late):
+            break  # nobody is late: a yield saves nothing
+        ys = pool[position:]
+        per_step = coef.decode_per_seq_s + coef.decode_per_ctx_token_s * r.context_tokens[ys]
+        # Seconds each late member saves when y leaves after its boundary (rows: y).
+        saved = np.maximum(batch.steps[late][None, :] - batch.steps[ys][:, None], 0.0) \
+            * per_step[:, None]
+        saved[ys[:, None] == late[None, :]] = 0.0
+        gain = (batch.slope[late][None, :] * np.minimum(saved, lateness[late][None, :])).sum(1)
+        helped_finish = np.where(saved > 0, finish[late][None, :], 0.0).max(axis=1)
+        back = np.maximum(finish[ys], helped_finish)
+        segment_s = r.remaining_tokens[ys] * step
+        lose = r.slope[ys] * (batch.lateness(back + segment_s, r.deadline_s[ys])
+                              - batch.lateness(finish[ys] + segment_s, r.deadline_s[ys]))
+        worth = np.flatnonzero(gain > lose)
+        if not len(worth):
+            break
+        k = int(worth[0])
+        y = int(ys[k])
+        out[r.keys[y]] = YIELD_SPEED
+        # Everyone still in the batch runs faster after y's boundary.
+        after = np.maximum(batch.steps - batch.steps[y], 0.0) * per_step[k]
+        after[y] = 0.0
+        finish = finish - after
+        position += k + 1
+    _room_yields(snap, batch, hold, finish, step, out)
+    return out
+
+
+def _room_yields(snap: DecisionSnapshot, batch: _Batch, hold: dict[str, str],
+                 finish: np.ndarray, step: float, out: dict[str, str]) -> None:
+    """Queued first segments held for blocks or slots, in walk order: the resumes with the most
+    slack yield enough room for one when its utility then exceeds their losses."""
+    r, cand = snap.running, snap.candidates
+    pool = [int(y) for y in np.flatnonzero(r.segment_index > 0) if r.keys[y] not in out]
+    if not pool:
+        return
+    pool.sort(key=lambda y: (-(r.deadline_s[y] - batch.now - finish[y]), y))
+    free_blocks, free_slots = batch.free_blocks, batch.free_slots
+    for j, key in enumerate(cand.keys):
+        if not pool:
+            return
+        if hold.get(key) not in (HOLD_KV, HOLD_SLOTS) or cand.segment_index[j] != 0:
+            continue
+        need_blocks = int(cand.blocks_needed[j]) - free_blocks
+        need_slots = 0 if free_slots is None else 1 - free_slots
+        chosen, got_blocks, lose, when = [], 0, 0.0, 0.0
+        for y in pool:
+            if got_blocks >= need_blocks and len(chosen) >= need_slots:
+                break
+            chosen.append(y)
+            # A resume holds its context and the rest of its segment.
+            got_blocks += -(-int(r.context_tokens[y] + r.remaining_tokens[y])
+                            // snap.kv_block_size)
+            when = max(when, float(finish[y]))
+        if got_blocks < need_blocks or len(chosen) < need_slots:
+            return  # the resumes left cannot make room: nothing later in the walk gets any
+        service = float(batch.finish(
+            max(1.0, math.ceil(cand.prefill_tokens[j] / batch.chunk) + cand.segment_tokens[j] - 1),
+            batch.size, batch.context + cand.context_tokens[j], cand.prefill_tokens[j]))
+        for y in chosen:  # each resumes once the candidate's segment is out
+            segment_s = r.remaining_tokens[y] * step
+            lose += float(r.slope[y] * (
+                batch.lateness(when + service + segment_s, r.deadline_s[y])
+                - batch.lateness(finish[y] + segment_s, r.deadline_s[y])))
+        gain = cand.initial_utility[j] - cand.slope[j] * float(
+            batch.lateness(when + service, cand.deadline_s[j]))
+        if gain > lose:
+            for y in chosen:
+                out[r.keys[y]] = YIELD_ROOM
+                pool.remove(y)
+            free_blocks += got_blocks - int(cand.blocks_needed[j])
+            if free_slots is not None:
+                free_slots += len(chosen) - 1
