@@ -5,6 +5,7 @@
         [--json FILE] [--plots DIR] [--profile config/engine_profiles/X.yaml] [--model DIR] \\
         [--duration-s S] [--prompt-tokens N|none] [--baseline-prefix-cache on|off] \
         [--paper-config] [--kv-blocks N] [--bound] [--load-scale 0.25,0.5,1,2,4,8,16]
+    timelyllm bench --family N [--family-seed S] [--family-subject POLICY] [--family-member K]
 
 Every policy replays the same event list with the same robot execution times. Defaults are the
 configuration a user runs today: prefix caching for every policy, the skill sets' own prompts
@@ -200,6 +201,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--fidelity: real runs per policy (default 2)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="--fidelity: write fidelity.json, pairs.csv and fidelity.png here")
+    p.add_argument("--family", type=int, default=None, metavar="N",
+                   help="the workload family: N workloads drawn from a fixed distribution "
+                        "(bench/family.py, docs/family.md), each replayed under "
+                        "--family-subject, vllm-stream and vllm-priority with the bound; "
+                        "--duration-s shortens every member, --json and --plots apply")
+    p.add_argument("--family-seed", type=int, default=1, metavar="S",
+                   help="--family: the family's seed (default 1)")
+    p.add_argument("--family-subject", default=DEFAULT_ALIAS, metavar="POLICY",
+                   help=f"--family: the policy judged (default {DEFAULT_ALIAS!r})")
+    p.add_argument("--family-member", type=int, default=None, metavar="K",
+                   help="replay member K of family --family-seed alone, and print its "
+                        "workload YAML")
     p.add_argument("--overhead", action="store_true",
                    help="real engine: plan generation time segmented (robot time zero) vs "
                         "nonstop, per skill set (the paper's Table 4; bench/overhead.py)")
@@ -340,6 +353,15 @@ def _main(args: argparse.Namespace) -> int:
         if args.baseline_prefix_cache is None:
             args.baseline_prefix_cache = not args.paper_config
         return bench_chat.run(args, _bench_config(args, _engine_profile(args), None, None))
+    if args.family is not None or args.family_member is not None:
+        from timelyllm_ros.cli import bench_family
+        error = bench_family.usage_error(args)
+        if error:
+            raise UsageError(error)
+        if args.baseline_prefix_cache is None:
+            args.baseline_prefix_cache = False if args.paper_config \
+                else DEFAULT_BASELINE_PREFIX_CACHE
+        return bench_family.run(args, _bench_config(args, None, _prompt_length(args), None))
     if args.fidelity is not None:
         from timelyllm_ros.bench.fidelity import FidelityUsageError, main_fidelity
         try:
