@@ -361,57 +361,55 @@ def _yields(snap: DecisionSnapshot, batch: _Batch, hold: dict[str, str]) -> dict
         return out
     finish = batch.finish(batch.steps, batch.size, batch.context, batch.prefill)
     step = batch.step_s(batch.size, batch.context)
-    # Most slack first: the resumes that lose least by waiting.
-    slack = r.deadline_s[resumes] - (batch.now + finish[resumes])
-    pool = resumes[np.lexsort((resumes, -slack))]
-    coef = batch.coef
-    position = 0
-    while position < len(pool):
-        lateness = batch.lateness(finish, batch.deadline)
-        late = np.flatnonzero(lateness > 0)
-        if not len(late):
-            break  # nobody is late: a yield saves nothing
-        ys = pool[position:]
+    lateness = batch.lateness(finish, batch.deadline)
+    late = np.flatnonzero(lateness > 0)
+    if len(late):
+        # Most slack first: the resumes that lose least by waiting.
+        slack = r.deadline_s[resumes] - (batch.now + finish[resumes])
+        ys = resumes[np.lexsort((resumes, -slack))]
+        coef = batch.coef
         per_step = coef.decode_per_seq_s + coef.decode_per_ctx_token_s * r.context_tokens[ys]
-        # Seconds each late member saves when y leaves after its boundary (rows: y).
+        # Seconds each late member saves when y leaves after its boundary (rows: y); what y
+        # saves does not depend on which other resumes leave, so one matrix serves the pass.
         saved = np.maximum(batch.steps[late][None, :] - batch.steps[ys][:, None], 0.0) \
             * per_step[:, None]
         saved[ys[:, None] == late[None, :]] = 0.0
-        gain = (batch.slope[late][None, :] * np.minimum(saved, lateness[late][None, :])).sum(1)
         helped_finish = np.where(saved > 0, finish[late][None, :], 0.0).max(axis=1)
         back = np.maximum(finish[ys], helped_finish)
         segment_s = r.remaining_tokens[ys] * step
         lose = r.slope[ys] * (batch.lateness(back + segment_s, r.deadline_s[ys])
                               - batch.lateness(finish[ys] + segment_s, r.deadline_s[ys]))
-        worth = np.flatnonzero(gain > lose)
-        if not len(worth):
-            break
-        k = int(worth[0])
-        y = int(ys[k])
-        out[r.keys[y]] = YIELD_SPEED
-        # Everyone still in the batch runs faster after y's boundary.
-        after = np.maximum(batch.steps - batch.steps[y], 0.0) * per_step[k]
-        after[y] = 0.0
-        finish = finish - after
-        position += k + 1
+        slope_late = batch.slope[late]
+        left = lateness[late]
+        for row, y in enumerate(ys.tolist()):
+            if not left.any():
+                break  # nobody is late any more: a yield saves nothing
+            gain = float(slope_late @ np.minimum(saved[row], left))
+            if gain > lose[row]:
+                out[r.keys[y]] = YIELD_SPEED
+                left = np.maximum(left - saved[row], 0.0)
+                after = np.maximum(batch.steps - batch.steps[y], 0.0) * per_step[row]
+                after[y] = 0.0
+                finish = finish - after
     _room_yields(snap, batch, hold, finish, step, out)
     return out
 
 
 def _room_yields(snap: DecisionSnapshot, batch: _Batch, hold: dict[str, str],
                  finish: np.ndarray, step: float, out: dict[str, str]) -> None:
-    """Queued first segments held for blocks or slots, in walk order: the resumes with the most
-    slack yield enough room for one when its utility then exceeds their losses."""
+    """Queued first segments held for blocks or slots, in walk order until one is not worth it:
+    the resumes with the most slack yield enough room for one when its utility then exceeds
+    their losses."""
     r, cand = snap.running, snap.candidates
     pool = [int(y) for y in np.flatnonzero(r.segment_index > 0) if r.keys[y] not in out]
     if not pool:
         return
     pool.sort(key=lambda y: (-(r.deadline_s[y] - batch.now - finish[y]), y))
     free_blocks, free_slots = batch.free_blocks, batch.free_slots
-    for j, key in enumerate(cand.keys):
+    for j in np.flatnonzero(cand.segment_index == 0).tolist():
         if not pool:
             return
-        if hold.get(key) not in (HOLD_KV, HOLD_SLOTS) or cand.segment_index[j] != 0:
+        if hold.get(cand.keys[j]) not in (HOLD_KV, HOLD_SLOTS):
             continue
         need_blocks = int(cand.blocks_needed[j]) - free_blocks
         need_slots = 0 if free_slots is None else 1 - free_slots
@@ -436,10 +434,11 @@ def _room_yields(snap: DecisionSnapshot, batch: _Batch, hold: dict[str, str],
                 - batch.lateness(finish[y] + segment_s, r.deadline_s[y])))
         gain = cand.initial_utility[j] - cand.slope[j] * float(
             batch.lateness(when + service, cand.deadline_s[j]))
-        if gain > lose:
-            for y in chosen:
-                out[r.keys[y]] = YIELD_ROOM
-                pool.remove(y)
-            free_blocks += got_blocks - int(cand.blocks_needed[j])
-            if free_slots is not None:
-                free_slots += len(chosen) - 1
+        if not gain > lose:
+            return  # in walk order until one is not worth its room
+        for y in chosen:
+            out[r.keys[y]] = YIELD_ROOM
+            pool.remove(y)
+        free_blocks += got_blocks - int(cand.blocks_needed[j])
+        if free_slots is not None:
+            free_slots += len(chosen) - 1

@@ -1,0 +1,79 @@
+"""What one batch decision costs (core/sched/decision.py), against the engine step it precedes.
+
+    python -m timelyllm_ros.bench.decision_cost [--profile config/engine_profiles/P.yaml]
+
+For a grid of running batches and queue lengths it builds snapshots like an overloaded mixed
+fleet's (first segments and resumes, urgent and normal TUFs, a third of the running responses
+near or past their deadline, prompts of tens to thousands of tokens), times `decide` (median of
+`--repeats` calls; wall clock on a shared machine: noise only adds), and prints it next to the
+step the profile predicts for that batch and the ratio of the two. No assertion: a benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+from timelyllm_ros.core.engine.cost_model import EngineProfile
+from timelyllm_ros.core.sched.decision import (CandidateQueue, DecisionSnapshot, RunningSet,
+                                               StepCoefficients, decide)
+
+RUNNING = (8, 64, 256)
+QUEUED = (10, 100, 1000, 5000)
+
+
+def snapshot(profile: EngineProfile, running: int, queued: int, seed: int = 0,
+             free_slots: int | None = None) -> DecisionSnapshot:
+    rng = np.random.default_rng(seed)
+    now = 1000.0
+    seg = np.where(rng.random(running) < 0.5, 0, rng.integers(1, 6, running))
+    urgent = rng.random(running) < 0.3
+    run = RunningSet.build(
+        [f"r{i}" for i in range(running)], rng.integers(1, 30, running),
+        rng.integers(300, 4000, running), now + rng.uniform(-0.2, 2.0, running),
+        np.ones(running), np.where(urgent, 10.0, 1.0), seg, urgent)
+    q_urgent = rng.random(queued) < 0.3
+    cand = CandidateQueue.build(
+        [f"c{i}" for i in range(queued)], rng.integers(10, 3000, queued),
+        np.full(queued, 10), np.full(queued, 10), rng.integers(300, 4000, queued),
+        rng.integers(20, 260, queued), now + rng.uniform(-0.1, 5.0, queued), np.ones(queued),
+        np.where(q_urgent, 10.0, 1.0), np.where(rng.random(queued) < 0.5, 0, 2))
+    blocks = profile.kv_total_blocks // 4
+    return DecisionSnapshot(now, run, cand, blocks, free_slots, profile.max_num_batched_tokens,
+                            StepCoefficients.from_profile(profile), profile.kv_block_size)
+
+
+def time_decision(snap: DecisionSnapshot, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        decide(snap)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--profile", default=None, help="engine profile YAML (default: built-in)")
+    p.add_argument("--repeats", type=int, default=21)
+    args = p.parse_args(argv)
+    profile = EngineProfile.from_yaml(args.profile) if args.profile else EngineProfile()
+    print(f"profile {profile.name}; decide() median of {args.repeats} calls")
+    print(f"{'running':>7} {'queued':>7} {'admitted':>8} {'decide ms':>9} {'step ms':>8} "
+          f"{'ratio':>6}")
+    for running in RUNNING:
+        mean_ctx = 2150 * running
+        step = profile.decode_step_s(running, mean_ctx)
+        for queued in QUEUED:
+            snap = snapshot(profile, running, queued, free_slots=max(0, 256 - running))
+            d = decide(snap)
+            t = time_decision(snap, args.repeats)
+            print(f"{running:>7} {queued:>7} {len(d.admit):>8} {t * 1e3:>9.3f} "
+                  f"{step * 1e3:>8.2f} {t / step:>6.3f}")
+
+
+if __name__ == "__main__":
+    main()
