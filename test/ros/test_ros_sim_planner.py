@@ -30,13 +30,17 @@ def test_sim_engine_planner_serves_trace_plans_over_ros(tmp_path, monkeypatch):
                  parameters_file=REPO_ROOT / "config" / "planner.yaml", lifecycle=True,
                  parameters={"engine.kind": "sim", "policy": "timelyllm",
                              "robots": ["drone_1:drone", "arm_1:arm"]}),
-        NodeSpec(name="executor", namespace="drone_1", module="timelyllm_ros.ros.executor_node",
-                 executable="drone_executor_node", parameters={"robot_id": "drone_1", "time_scale": 0.02}),
-        NodeSpec(name="executor", namespace="arm_1", module="timelyllm_ros.ros.executor_node",
-                 executable="drone_executor_node", parameters={"robot_id": "arm_1", "time_scale": 0.02}),
+        *(NodeSpec(name="executor", namespace=robot, module="timelyllm_ros.ros.executor_node",
+                   executable="drone_executor_node",
+                   # Not a liveness test (test_planner_lost.py is): a lease that outlasts a
+                   # starved DDS thread on a loaded CI machine, so a live planner never looks lost.
+                   parameters={"robot_id": robot, "time_scale": 0.02,
+                               "planner_lost_after_s": 30.0})
+          for robot in ("drone_1", "arm_1")),
     ]
     with NodeGroup(specs, log_dir=tmp_path, echo=False) as group:
-        client = PlannerClient(robots=["drone_1", "arm_1"], node_name="sim_client")
+        client = PlannerClient(robots=["drone_1", "arm_1"], node_name="sim_client",
+                               planner_lost_after_s=30.0)
         try:
             group.drive_lifecycle(120)   # the planner is a lifecycle node: configure, activate
             assert client.wait_for_planner(120, alive=lambda: "planner" not in group.exited()), \
@@ -45,7 +49,9 @@ def test_sim_engine_planner_serves_trace_plans_over_ros(tmp_path, monkeypatch):
             client.submit("arm-9", "arm_1", traces[9].instruction, skill_set="arm")
             final = client.wait_terminal(["urgent-6", "arm-9"], 120)
             for task_id, trace_id in (("urgent-6", 6), ("arm-9", 9)):
-                assert final[task_id] is not None and final[task_id].state == "done", final[task_id]
+                assert final[task_id] is not None and final[task_id].state == "done", (
+                    f"{task_id}: {final[task_id]!r}\n--- drone_1 executor log (tail):\n"
+                    + _log_tail(tmp_path, "drone_1"))
                 texts = [s.text for s in client.seen.segments[task_id]]
                 assert "".join(texts) == traces[trace_id].plan
                 assert len(texts) >= 2
@@ -55,6 +61,12 @@ def test_sim_engine_planner_serves_trace_plans_over_ros(tmp_path, monkeypatch):
             assert "resumed with" in log and "transitions.core" not in log
         finally:
             client.close()
+
+
+def _log_tail(log_dir, robot: str, chars: int = 3000) -> str:
+    """The tail of a robot's executor log (NodeGroup names logs after namespace and node)."""
+    logs = sorted(p for p in log_dir.glob("*.log") if robot in p.name)
+    return "\n".join(f"[{p.name}]\n{p.read_text(errors='replace')[-chars:]}" for p in logs)
 
 
 def test_planner_refuses_an_unknown_engine_scheduling_policy(monkeypatch):
