@@ -225,6 +225,14 @@ def format_family_markdown(doc: Mapping[str, Any]) -> str:
     return "\n".join(out)
 
 
+FRACTION_FLOOR = -0.5  # the figure's fraction-of-bound panel: lower values drawn here
+
+
+def _number(value: Any) -> float:
+    """A figure from the document (None in JSON for NaN) as a float."""
+    return math.nan if value is None else float(value)
+
+
 _MIX_COLORS = {"drone": "tab:blue", "arm": "tab:orange", "mixed": "tab:green",
                "fleet": "tab:purple"}
 _CONTEXT_MARKERS = {"none": "o", "short": "s", "long": "^"}
@@ -244,18 +252,24 @@ def plot_family(doc: Mapping[str, Any], path: str | Path) -> Path:
     for r in members:
         style = {"color": _MIX_COLORS.get(r["mix"], "grey"),
                  "marker": _CONTEXT_MARKERS.get(r["context"], "o")}
-        axes[0].scatter(r["load"], r["delta"], s=28, **style)
-        fraction = r["subject_of_bound"]
-        base = r["policies"][r["best_baseline"]]["utility_mean"] / r["bound"]["utility_mean"]
-        axes[1].scatter(r["load"], max(fraction, -0.5), s=28, **style)
-        axes[1].scatter(r["load"], max(base, -0.5), s=44, facecolors="none",
+        axes[0].scatter(r["load"], _number(r["delta"]), s=28, **style)
+        bound = _number(r["bound"]["utility_mean"])
+        base = _number(r["policies"][r["best_baseline"]]["utility_mean"]) / bound \
+            if bound > 0 else math.nan
+        axes[1].scatter(r["load"], max(_number(r["subject_of_bound"]), FRACTION_FLOOR), s=28,
+                        **style)
+        axes[1].scatter(r["load"], max(base, FRACTION_FLOOR), s=44, facecolors="none",
                         edgecolors=style["color"], marker=style["marker"])
-    axes[0].axhspan(-TIE_MARGIN, TIE_MARGIN, color="grey", alpha=0.2, label="tie")
+    axes[0].axhspan(-TIE_MARGIN, TIE_MARGIN, color="grey", alpha=0.3, label="tie")
     axes[0].axhline(-MAX_LOSS, color="tab:red", ls="--", lw=1,
                     label=f"largest loss allowed (-{MAX_LOSS:g})")
-    axes[0].set_ylabel(f"mean utility: {doc['family']['subject']} - best baseline")
+    # Symlog: differences of a few thousandths and of tens (an overloaded baseline's utility
+    # runs far below zero) on one axis, linear within +-0.01.
+    axes[0].set_yscale("symlog", linthresh=0.01)
+    axes[0].set_ylabel(f"mean utility: {doc['family']['subject']} - best baseline (symlog)")
     axes[1].axhline(BOUND_SHARE, color="black", ls=":", lw=1, label=f"{BOUND_SHARE:g} x bound")
-    axes[1].set_ylabel("mean utility / bound's (filled: subject, hollow: best baseline)")
+    axes[1].set_ylabel(f"mean utility / bound's (clipped at {FRACTION_FLOOR:g})\n"
+                       "filled: subject, hollow: best baseline")
     for ax in axes:
         ax.set_xscale("log")
         ax.axvline(LIGHT_LOAD, color="grey", ls=":", lw=1)
@@ -266,12 +280,13 @@ def plot_family(doc: Mapping[str, Any], path: str | Path) -> Path:
                for m, c in _MIX_COLORS.items()]
     handles += [plt.Line2D([], [], color="black", marker=mk, ls="", fillstyle="none",
                            label=f"context {c}") for c, mk in _CONTEXT_MARKERS.items()]
-    axes[0].legend(handles=handles + axes[0].get_legend_handles_labels()[0], fontsize=7)
-    axes[1].legend(fontsize=7)
+    # One legend under both panels: inside, it would hide members.
+    handles += axes[0].get_legend_handles_labels()[0] + axes[1].get_legend_handles_labels()[0]
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7)
     fam = doc["family"]
     fig.suptitle(f"Workload family, seed {fam['seed']}: {len(members)} members, subject "
                  f"{fam['subject']} (simulated engine)", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
