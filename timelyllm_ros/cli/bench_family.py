@@ -51,6 +51,14 @@ def usage_error(args: argparse.Namespace) -> str | None:
     return None
 
 
+def _config_block(config: BenchConfig) -> dict:
+    """The run's configuration without the default profile's figures: each member has its own
+    profile (its `profile` field)."""
+    block = {k: v for k, v in config.describe().items()
+             if k not in ("kv_blocks", "max_num_batched_tokens")}
+    return block | {"profile": "per member"}
+
+
 def run(args: argparse.Namespace, config: BenchConfig) -> int:
     error = usage_error(args)
     if error:
@@ -85,7 +93,7 @@ def run(args: argparse.Namespace, config: BenchConfig) -> int:
     doc = {"family": {"seed": args.family_seed, "members": len(rows), "duration_s": duration,
                       "subject": subject, "subject_given": args.family_subject,
                       "baselines": list(BASELINES), "distribution": describe_distribution(),
-                      "config": config.describe() | {"profile": "per member"}},
+                      "config": _config_block(config)},
            "members": rows, "summary": summarise(rows), "wall_s": wall}
     print(format_family(doc))
     print(f"wall time {wall:.0f} s", file=sys.stderr)
