@@ -2,14 +2,20 @@
 
     python -m timelyllm_ros.bench.speed [--workload mixed-30tps] [--policies ...]
                                         [--config modern,paper] [--duration-s S]
+    python -m timelyllm_ros.bench.speed --workload mixed-overload \
+        --policies vllm-stream,default --config modern
 
 A load sweep (issue 11) replays a workload at up to 16 times its rate, so the bench must keep up
 with overload: thousands of queued generations and active tasks. This replays the `mixed-30tps`
 preset (the drone and arm fleet at ~30 tasks/s for 200 s, ~6,200 tasks) per policy and prints,
 for each, the tasks, the virtual time it covered, the engine steps, the wall-clock seconds and
-tasks per wall-clock second. It prints figures only; it asserts nothing about them (a shared
-2-core machine is too noisy for a timed test). docs/bench.md, "Bench speed", has the figures
-before and after the profile-guided fixes.
+tasks per wall-clock second, then, per configuration, each policy's wall-clock time as a multiple
+of the first policy's, measured in the same run (the machine's load cancels out of a ratio better
+than out of a time). It prints figures only; it asserts nothing about them (a shared 2-core
+machine is too noisy for a timed test). `default` in `--policies` names the planner's default
+policy. docs/bench.md, "Bench speed", has the figures before and after the profile-guided fixes;
+`mixed-overload` is issue 22's 6,333-task load with 64 robots per kind, whose deep robot queues
+were the slow part.
 
 Configurations: `modern` is `--prompt-tokens none --baseline-prefix-cache on` (the skill sets'
 own prompts, prefix caching for every policy); `paper` is the paper's configuration (2,884-token
@@ -25,6 +31,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from timelyllm_ros.bench.config import PAPER_PROMPT_TOKENS, BenchConfig
+from timelyllm_ros.bench.policies import PolicyListError, parse_policy_list
 from timelyllm_ros.bench.replay import run_policy
 from timelyllm_ros.bench.workloads import load_workload_events
 
@@ -84,13 +91,32 @@ def format_row(row: SpeedRow) -> str:
             f"{row.steps:>7} {row.wall_s:>7.1f} {row.tasks_per_wall_s:>12.1f}")
 
 
+def wall_ratios(rows: Sequence[SpeedRow]) -> list[tuple[str, str, str, float]]:
+    """(config, policy, reference policy, wall s / reference's wall s) for every policy after
+    the first of each configuration, the first being the reference: ratios within one run."""
+    out = []
+    first: dict[str, SpeedRow] = {}
+    for row in rows:
+        ref = first.setdefault(row.config, row)
+        if ref is not row:
+            out.append((row.config, row.policy, ref.policy,
+                        row.wall_s / ref.wall_s if ref.wall_s > 0 else float("inf")))
+    return out
+
+
+def format_ratio(config: str, policy: str, reference: str, ratio: float) -> str:
+    return f"{config:<8} wall {policy} / {reference}: {ratio:.2f}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m timelyllm_ros.bench.speed",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", default=DEFAULT_WORKLOAD,
                         help=f"preset or workload file (default: {DEFAULT_WORKLOAD})")
     parser.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
-                        help=f"comma-separated (default: {','.join(DEFAULT_POLICIES)})")
+                        help=f"comma-separated, 'default' = the planner's default policy; the first is "
+                             f"the reference of the wall-time ratios (default: "
+                             f"{','.join(DEFAULT_POLICIES)})")
     parser.add_argument("--config", default=",".join(CONFIGS),
                         help="comma-separated: modern (--prompt-tokens none "
                              "--baseline-prefix-cache on), paper (--prompt-tokens 2884 "
@@ -102,12 +128,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in configs:
         if name not in CONFIGS:
             parser.error(f"--config: must be among {', '.join(CONFIGS)}, got {name!r}")
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    try:
+        policies = parse_policy_list(args.policies)
+    except PolicyListError as exc:
+        parser.error(f"--policies: {exc}")
     print(f"workload {args.workload}"
           + (f", first {args.duration_s:g} s" if args.duration_s is not None else ""))
     print(HEADER)
-    measure(args.workload, policies, configs, args.duration_s,
-            on_row=lambda row: print(format_row(row), flush=True))
+    rows = measure(args.workload, policies, configs, args.duration_s,
+                   on_row=lambda row: print(format_row(row), flush=True))
+    for ratio in wall_ratios(rows):
+        print(format_ratio(*ratio))
     return 0
 
 

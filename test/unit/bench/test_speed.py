@@ -37,3 +37,25 @@ def test_main_prints_a_row_per_run(capsys):
     assert out[2].split()[:2] == ["modern", "vllm-stream"]
     with pytest.raises(SystemExit):
         speed.main(["--config", "fastest"])
+
+
+def test_wall_ratios_compare_each_policy_with_the_first_of_its_configuration():
+    rows = [speed.SpeedRow("modern", "vllm-stream", 10, 1.0, 5, 2.0),
+            speed.SpeedRow("modern", "timelyllm-wc", 10, 1.0, 5, 3.0),
+            speed.SpeedRow("paper", "vllm-stream", 10, 1.0, 5, 4.0),
+            speed.SpeedRow("paper", "timelyllm-wc", 10, 1.0, 5, 2.0)]
+    assert speed.wall_ratios(rows) == [("modern", "timelyllm-wc", "vllm-stream", 1.5),
+                                       ("paper", "timelyllm-wc", "vllm-stream", 0.5)]
+    assert speed.wall_ratios(rows[:1]) == []
+
+
+def test_main_takes_the_default_alias_and_prints_the_ratio(capsys):
+    from timelyllm_ros.core.policies.registry import DEFAULT_POLICY
+    assert speed.main(["--workload", "mixed-overload", "--duration-s", "2", "--policies",
+                       "vllm-stream,default", "--config", "modern"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "workload mixed-overload, first 2 s"
+    assert [line.split()[1] for line in out[2:4]] == ["vllm-stream", DEFAULT_POLICY]
+    assert out[4].startswith(f"modern   wall {DEFAULT_POLICY} / vllm-stream: ")
+    with pytest.raises(SystemExit):
+        speed.main(["--policies", "vllm-stream,nonesuch"])
