@@ -105,6 +105,8 @@ class TaskRecord:
 
     @property
     def observation_tokens(self) -> int:
+        if not self.observations:  # (most tasks: the scheduler asks on every step it sizes)
+            return 0
         return sum(len(tokens) for _, tokens in self.observations)
 
     def context_ids(self) -> list[int]:

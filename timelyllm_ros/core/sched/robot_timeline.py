@@ -40,8 +40,8 @@ class _RobotQueue:
     """One robot's dispatched, unreported segments in dispatch order, as parallel lists of what
     rescheduling reads, and the latest finish on each chain."""
 
-    __slots__ = ("ids", "segments", "owners", "dispatched", "execution", "latest_start",
-                 "longest", "last_done", "latest_done")
+    __slots__ = ("ids", "segments", "owners", "dispatched", "execution", "done",
+                 "latest_start", "longest", "last_done", "latest_done")
 
     def __init__(self) -> None:
         self.ids: list[int] = []  # id(segment): the segment is held, so its id stays unique
@@ -49,6 +49,9 @@ class _RobotQueue:
         self.owners: list[Hashable] = []  # what the caller said each belongs to (the task)
         self.dispatched: list[float] = []
         self.execution: list[float] = []  # estimated (minimum) execution
+        # Each segment's estimated_done_s, as read without an attribute lookup per segment
+        # (only this module moves a queued segment's estimate, and it writes both).
+        self.done: list[float] = []
         self.latest_start: list[float] = []  # its start on the latest chain
         self.longest: list[float] = []  # longest plausible execution
         self.last_done = -float("inf")  # latest estimated_done_s of its segments
@@ -61,12 +64,13 @@ class _RobotQueue:
         self.owners.append(owner)
         self.dispatched.append(segment.dispatched_s)
         self.execution.append(segment.estimated_execution_s)
+        self.done.append(segment.estimated_done_s)
         self.latest_start.append(latest_start)
         self.longest.append(longest_s)
 
     def remove(self, at: int) -> None:
         for column in (self.ids, self.segments, self.owners, self.dispatched, self.execution,
-                       self.latest_start, self.longest):
+                       self.done, self.latest_start, self.longest):
             del column[at]
 
 
@@ -133,7 +137,7 @@ class RobotTimelines:
         if not queue.ids:
             del self._queues[robot_id]
         elif dropped_last:
-            queue.last_done = max(s.estimated_done_s for s in queue.segments)
+            queue.last_done = max(queue.done)
             queue.latest_done = max(s + g for s, g in zip(queue.latest_start, queue.longest))
 
     def reschedule(self, robot_id: str, free_from: float, network_latency_s: float) -> list:
@@ -173,13 +177,13 @@ def _chains_stepwise(queue: _RobotQueue, first: int, free: float, latest: float,
     of two (Sterbenz), and the next segment starts from what it landed on."""
     last = latest_done = -float("inf")
     segments, dispatched, execution = queue.segments, queue.dispatched, queue.execution
-    latest_start, longest = queue.latest_start, queue.longest
+    done, latest_start, longest = queue.done, queue.latest_start, queue.longest
     for i in range(first, len(segments)):
         segment = segments[i]
         ready = dispatched[i] + network_latency_s
         start = max(ready, free)
         segment.estimated_done_s += start + execution[i] - segment.estimated_done_s
-        free = segment.estimated_done_s
+        free = done[i] = segment.estimated_done_s
         start_latest = max(ready, latest)
         segment.report_deadline_s += start_latest - latest_start[i]
         latest_start[i] = start_latest
@@ -198,8 +202,7 @@ def _chains_vectorised(queue: _RobotQueue, free_from: float, network_latency_s: 
     # The estimated chain while every segment starts when the one before it is done: the
     # loop's additions, in its order. Each estimate moves by `new - old` as in the loop.
     sums = np.add.accumulate(np.concatenate(([free_from], queue.execution)))
-    old_done = np.fromiter((s.estimated_done_s for s in queue.segments), float,
-                           len(queue.segments))
+    old_done = np.array(queue.done)
     done = old_done + (sums[1:] - old_done)
     # The latest chain likewise: each start is the previous latest finish.
     latest = np.add.accumulate(np.concatenate(([free_from], queue.longest)))
@@ -211,9 +214,11 @@ def _chains_vectorised(queue: _RobotQueue, free_from: float, network_latency_s: 
     cut = int(off.argmax()) if off.any() else len(off)
     segments = queue.segments
     shifts = (starts_latest[:cut] - np.asarray(queue.latest_start[:cut])).tolist()
-    for segment, value, shift in zip(segments, done[:cut].tolist(), shifts):
+    new_done = done[:cut].tolist()
+    for segment, value, shift in zip(segments, new_done, shifts):
         segment.estimated_done_s = value
         segment.report_deadline_s += shift
+    queue.done[:cut] = new_done
     queue.latest_start[:cut] = starts_latest[:cut].tolist()
     last = float(done[:cut].max()) if cut else -float("inf")
     latest_done = float(latest[1:cut + 1].max()) if cut else -float("inf")

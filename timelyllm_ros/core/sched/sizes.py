@@ -35,6 +35,6 @@ def is_complete_program(regex: str | None, text: str) -> bool:
 
 def first_unreported(task: TaskRecord) -> SegmentRecord | None:
     for segment in task.segments:
-        if not segment.reported:
+        if segment.finished_s is None:  # (`not segment.reported`, without a property call)
             return segment
     return None
