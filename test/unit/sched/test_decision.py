@@ -81,15 +81,21 @@ def test_nothing_is_held_when_nobody_is_hurt():
 
 
 def test_a_resume_yields_only_when_that_saves_a_response():
+    # 20 steps of ~22.3 ms: the response finishes ~445 ms from now, 5 ms after its deadline;
+    # without the resume's 4,000 tokens of context each step after the resume's boundary is
+    # 0.89 ms shorter (~17 ms over 19 steps): that brings it back on time.
     resume = ("y", 1, 4000, 10.0, 3, NORMAL)  # one token to its boundary, 10 s of slack
-    late = ("r", 20, 500, 0.1, 0, URGENT)     # 20 steps left, due in 100 ms: late
+    late = ("r", 20, 500, 0.44, 0, URGENT)
     d = decide(snap(running(late, resume), queue()))
     assert d.yields == {"y": YIELD_SPEED}
     on_time = ("r", 20, 500, 5.0, 0, URGENT)
     assert decide(snap(running(on_time, resume), queue())).yields == {}
+    # Late by more than the yield saves: late either way, the resume's work would only move.
+    hopeless = ("r", 20, 500, 0.1, 0, URGENT)
+    assert decide(snap(running(hopeless, resume), queue())).yields == {}
     # A resume its robot is already waiting for loses more by waiting than the response gains.
     due = ("y", 1, 4000, 0.0, 3, URGENT)
-    slow = ("r", 20, 500, 0.1, 0, dict(u0=1.0, k=0.1))
+    slow = ("r", 20, 500, 0.44, 0, dict(u0=1.0, k=0.1))
     assert decide(snap(running(slow, due), queue())).yields == {}
     # First segments are never asked to yield.
     other_response = ("o", 1, 4000, 10.0, 0, NORMAL)

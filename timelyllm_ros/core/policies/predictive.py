@@ -31,30 +31,42 @@ from timelyllm_ros.core.sched.step_model import StepTimeModel
 
 
 class FirstSegmentMeans:
-    """Mean tokens of a first segment per skill set, from what the admission passes see of the
-    running batch: a generation seen on its first segment and then on a later one, or gone, had
-    about as many tokens as when last seen. Before a skill set's first measurement its segment
-    bound is the estimate (the most it can take)."""
+    """Mean tokens of a first segment per skill set, and per segment bound, from what the
+    admission passes see of the running batch: a generation seen on its first segment and then
+    on a later one, or gone, had about as many tokens as when last seen. A queued candidate's
+    skill set is not one of the queue's columns, but its bound is (each skill set has its own
+    max_segment_tokens), so candidates are priced by bound. Before a first measurement the bound
+    is the estimate (the most a segment can take)."""
 
     def __init__(self) -> None:
-        self._sum: dict[str, float] = {}
-        self._count: dict[str, int] = {}
-        self._watching: dict[str, tuple[str, int]] = {}
+        self._sum: dict = {}
+        self._count: dict = {}
+        self._watching: dict[str, tuple[str, int, int]] = {}
 
     def observe(self, running: Sequence[RunningGen]) -> None:
-        still = {g.key: (g.skill_set, g.tokens_this_run) for g in running
+        still = {g.key: (g.skill_set, g.bound_tokens, g.tokens_this_run) for g in running
                  if g.segment_index == 0}
-        for key, (skill_set, tokens) in self._watching.items():
+        for key, (skill_set, bound, tokens) in self._watching.items():
             if key not in still:
-                self._sum[skill_set] = self._sum.get(skill_set, 0.0) + max(1, tokens)
-                self._count[skill_set] = self._count.get(skill_set, 0) + 1
+                for group in (skill_set, ("bound", bound)):
+                    self._sum[group] = self._sum.get(group, 0.0) + max(1, tokens)
+                    self._count[group] = self._count.get(group, 0) + 1
         self._watching = still
 
-    def tokens(self, skill_set: str, bound: int) -> float:
-        n = self._count.get(skill_set)
+    def _mean(self, group, bound: int) -> float:
+        n = self._count.get(group)
         if not n:
             return float(max(1, bound))
-        return min(float(max(1, bound)), self._sum[skill_set] / n)
+        return min(float(max(1, bound)), self._sum[group] / n)
+
+    def tokens(self, skill_set: str, bound: int) -> float:
+        return self._mean(skill_set, bound)
+
+    def tokens_by_bound(self, bounds: np.ndarray) -> np.ndarray:
+        """For an array of segment bounds: the measured first-segment tokens of each."""
+        values, inverse = np.unique(bounds, return_inverse=True)
+        means = np.array([self._mean(("bound", int(b)), int(b)) for b in values])
+        return means[inverse] if len(values) else np.zeros(0)
 
 
 class PredictiveAdmission(CandidateAdmission):
@@ -106,11 +118,15 @@ class PredictiveAdmission(CandidateAdmission):
             position = {key: j for j, key in enumerate(p.keys) if key in p.preserved_blocks}
             for key, j in position.items():
                 blocks[j] -= p.preserved_blocks[key]
-        # A queued candidate's skill set is not a queue column: its segment is priced at its
-        # bound, the most it can take.
+        # A first segment is priced at the measured first segments of its bound (its skill
+        # set's), a resume's at its bound.
+        segment = np.maximum(bound, 1).astype(np.float64)
+        first = view.segment_index[rows] == 0
+        if first.any():
+            segment[first] = self.lengths.tokens_by_bound(bound[first])
         return CandidateQueue(
             tuple(p.keys), view.prefill_tokens[rows].astype(np.float64),
-            np.maximum(bound, 1).astype(np.float64), bound.astype(np.float64),
+            segment, bound.astype(np.float64),
             context.astype(np.float64), blocks,
             view.reference_s[rows] + view.ert_s[rows], view.initial_utility[rows],
             view.slope[rows], view.segment_index[rows])

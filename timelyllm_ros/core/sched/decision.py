@@ -24,15 +24,18 @@ when its robot finishes the previous segment (`TUF.for_suspended`).
 
 **Admission** (a greedy pass in walk order, the scheduler's priority order). A candidate that
 fits the free KV blocks and slots is admitted when what it gains by starting now, against
-waiting until the generations its admission makes later have finished, is at least what it
-costs them (the summed utility they lose). So a candidate that costs nobody anything is
-admitted (work conserving), one with slack to spare waits while its admission would make
-someone else late, and an urgent one is admitted when its own lateness outweighs theirs.
+waiting until the generations its admission would make late have finished, is at least what
+it costs them (the utility they lose). So a candidate that costs nobody anything is admitted
+(work conserving), one with slack to spare waits while its admission would make someone else
+late, and an urgent one is admitted when its own lateness outweighs theirs.
 
 **Yields** (a resume at its next segment boundary). A running resume is asked to yield when
-taking it out of the batch after its boundary saves the others more utility than it costs the
-resume (its next segment starting after they finish rather than right away, against the
-deadline of the segment it is on); resumes with the most slack go first. A queued first segment
+taking it out of the batch after its boundary brings late generations back on time, for more
+utility than it costs the resume (its next segment starting after they finish rather than
+right away, against the deadline of the segment it is on); resumes with the most slack go
+first. A generation still late without the resume does not count: it is late either way, and
+the resume's work, queued again, only moves to steps that carry someone else (counting it
+cost 0.015 of mean utility on mixed-fleet x16, docs/batch-control.md). A queued first segment
 that does not fit the KV blocks or slots asks the resumes with the most slack to yield enough
 for it when the utility it would then get exceeds what they lose (waiting for a whole plan to
 end instead is not predictable from here: taken as its cut-off, zero utility).
@@ -328,8 +331,9 @@ def _worth_admitting(batch: _Batch, cand: CandidateQueue, sl: slice) -> np.ndarr
     own_steps = np.maximum(1.0, np.ceil(prefill_k / batch.chunk) + cand.segment_tokens[sl] - 1)
     own_now = batch.finish(own_steps, size_k, context_k, prefill_k)
 
-    # The members a candidate can hurt: those that would be late under the largest admission
-    # of this block (the finish only grows with the candidate's context and prefill).
+    # The members a candidate can make later than their deadline: those late under the largest
+    # admission of this block (the finish only grows with the candidate's context and
+    # prefill).
     base = batch.finish(batch.steps, batch.size, batch.context, batch.prefill)
     cost = np.zeros(len(ctx_k))
     t_free = np.zeros(len(ctx_k))
@@ -384,7 +388,10 @@ def _yields(snap: DecisionSnapshot, batch: _Batch, hold: dict[str, str]) -> dict
         for row, y in enumerate(ys.tolist()):
             if not left.any():
                 break  # nobody is late any more: a yield saves nothing
-            gain = float(slope_late @ np.minimum(saved[row], left))
+            # Only members the yield brings back on time count, as in the admission: a member
+            # still late after it is late either way, the resume's work only moved.
+            rescued = (left > 0) & (left <= saved[row])
+            gain = float(slope_late[rescued] @ left[rescued])
             if gain > lose[row]:
                 out[r.keys[y]] = YIELD_SPEED
                 left = np.maximum(left - saved[row], 0.0)
