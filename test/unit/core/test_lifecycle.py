@@ -86,3 +86,31 @@ def test_many_lifecycles_are_independent_and_cheap():
     assert per_task < 200e-6, f"{per_task * 1e6:.1f} us per lifecycle"
     tasks[0].accept(1.0)
     assert tasks[0].state == "queued" and tasks[1].state == "received"
+
+
+def test_firing_by_table_matches_the_machine_for_every_state_and_trigger():
+    # TaskLifecycle looks destinations up instead of firing transitions' events; the two must
+    # agree everywhere, illegal transitions included.
+    from timelyllm_ros.core.lifecycle import _EVENTS
+
+    class _Model:
+        state = "received"
+
+    for state in STATES:
+        for trigger in TRIGGERS:
+            model = _Model()
+            model.state = state
+            try:
+                _EVENTS[trigger].trigger(model)
+                expected = model.state
+            except MachineError:
+                expected = None
+            lifecycle = TaskLifecycle(0.0, "t")
+            lifecycle.state = state
+            if expected is None:
+                with pytest.raises(IllegalTransition):
+                    lifecycle.trigger(trigger, 1.0)
+                assert lifecycle.state == state
+            else:
+                assert lifecycle.trigger(trigger, 1.0) == expected
+                assert lifecycle.history[-1] == (expected, 1.0)
