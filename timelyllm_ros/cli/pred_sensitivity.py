@@ -1,6 +1,6 @@
 """Sensitivity of `timelyllm-pred` to its step model's two knobs (docs/batch-control.md).
 
-    python -m timelyllm_ros.bench.pred_sensitivity [timelyllm bench options ...]
+    python -m timelyllm_ros.cli.pred_sensitivity [timelyllm bench options ...]
 
 Registers one policy per knob setting, one knob moved at a time from the defaults
 (`prior_steps` 50, `memory_steps` 2000), and runs `timelyllm bench` with them and the options
