@@ -9,9 +9,9 @@ A load sweep (issue 11) replays a workload at up to 16 times its rate, so the be
 with overload: thousands of queued generations and active tasks. This replays the `mixed-30tps`
 preset (the drone and arm fleet at ~30 tasks/s for 200 s, ~6,200 tasks) per policy and prints,
 for each, the tasks, the virtual time it covered, the engine steps, the wall-clock seconds and
-tasks per wall-clock second, then, per configuration, each policy's wall-clock time as a multiple
-of the first policy's, measured in the same run (the machine's load cancels out of a ratio better
-than out of a time). It prints figures only; it asserts nothing about them (a shared 2-core
+tasks per wall-clock second and the CPU seconds of this process (what other jobs on a shared
+machine take from the wall-clock time, they do not add to these), then, per configuration, each
+policy's times as a multiple of the first policy's, measured in the same run. It prints figures only; it asserts nothing about them (a shared 2-core
 machine is too noisy for a timed test). `default` in `--policies` names the planner's default
 policy. docs/bench.md, "Bench speed", has the figures before and after the profile-guided fixes;
 `mixed-overload` is issue 22's 6,333-task load with 64 robots per kind, whose deep robot queues
@@ -48,6 +48,7 @@ class SpeedRow:
     clock_s: float  # virtual time the replay covered
     steps: int      # engine steps
     wall_s: float   # wall-clock seconds of the replay (events composed beforehand)
+    cpu_s: float = float("nan")  # CPU seconds of this process during the replay
 
     @property
     def tasks_per_wall_s(self) -> float:
@@ -72,10 +73,10 @@ def measure(workload: str = DEFAULT_WORKLOAD, policies: Sequence[str] = DEFAULT_
     for config_name in configs:
         config = bench_config(config_name)
         for policy in policies:
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             result = run_policy(events, policy, spec, config)
             row = SpeedRow(config_name, policy, len(result.tasks), result.clock_s, result.steps,
-                           time.perf_counter() - started)
+                           time.perf_counter() - started, time.process_time() - cpu_started)
             rows.append(row)
             if on_row is not None:
                 on_row(row)
@@ -83,29 +84,34 @@ def measure(workload: str = DEFAULT_WORKLOAD, policies: Sequence[str] = DEFAULT_
 
 
 HEADER = (f"{'config':<8} {'policy':<16} {'tasks':>6} {'clock_s':>8} {'steps':>7} "
-          f"{'wall_s':>7} {'tasks/wall_s':>12}")
+          f"{'wall_s':>7} {'tasks/wall_s':>12} {'cpu_s':>7}")
 
 
 def format_row(row: SpeedRow) -> str:
     return (f"{row.config:<8} {row.policy:<16} {row.tasks:>6} {row.clock_s:>8.1f} "
-            f"{row.steps:>7} {row.wall_s:>7.1f} {row.tasks_per_wall_s:>12.1f}")
+            f"{row.steps:>7} {row.wall_s:>7.1f} {row.tasks_per_wall_s:>12.1f} {row.cpu_s:>7.1f}")
 
 
-def wall_ratios(rows: Sequence[SpeedRow]) -> list[tuple[str, str, str, float]]:
-    """(config, policy, reference policy, wall s / reference's wall s) for every policy after
-    the first of each configuration, the first being the reference: ratios within one run."""
+def wall_ratios(rows: Sequence[SpeedRow]) -> list[tuple[str, str, str, float, float]]:
+    """(config, policy, reference policy, wall s / reference's, CPU s / reference's) for every
+    policy after the first of each configuration, the first being the reference: ratios
+    within one run."""
     out = []
     first: dict[str, SpeedRow] = {}
     for row in rows:
         ref = first.setdefault(row.config, row)
         if ref is not row:
-            out.append((row.config, row.policy, ref.policy,
-                        row.wall_s / ref.wall_s if ref.wall_s > 0 else float("inf")))
+            out.append((row.config, row.policy, ref.policy, _ratio(row.wall_s, ref.wall_s),
+                        _ratio(row.cpu_s, ref.cpu_s)))
     return out
 
 
-def format_ratio(config: str, policy: str, reference: str, ratio: float) -> str:
-    return f"{config:<8} wall {policy} / {reference}: {ratio:.2f}"
+def _ratio(value: float, reference: float) -> float:
+    return value / reference if reference > 0 else float("inf")
+
+
+def format_ratio(config: str, policy: str, reference: str, wall: float, cpu: float) -> str:
+    return f"{config:<8} {policy} / {reference}: wall {wall:.2f}, cpu {cpu:.2f}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,7 +13,7 @@ def test_measure_reports_positive_figures_per_config_and_policy():
         ("modern", "vllm-stream"), ("modern", "timelyllm"),
         ("paper", "vllm-stream"), ("paper", "timelyllm")]
     for r in rows:
-        assert r.tasks > 0 and r.steps > 0 and r.clock_s > 0 and r.wall_s > 0
+        assert r.tasks > 0 and r.steps > 0 and r.clock_s > 0 and r.wall_s > 0 and r.cpu_s > 0
         assert r.tasks_per_wall_s > 0
     # Same events for every run.
     assert len({r.tasks for r in rows}) == 1
@@ -33,19 +33,19 @@ def test_main_prints_a_row_per_run(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "workload mixed-30tps, first 2 s"
     assert out[1].split() == ["config", "policy", "tasks", "clock_s", "steps", "wall_s",
-                              "tasks/wall_s"]
+                              "tasks/wall_s", "cpu_s"]
     assert out[2].split()[:2] == ["modern", "vllm-stream"]
     with pytest.raises(SystemExit):
         speed.main(["--config", "fastest"])
 
 
 def test_wall_ratios_compare_each_policy_with_the_first_of_its_configuration():
-    rows = [speed.SpeedRow("modern", "vllm-stream", 10, 1.0, 5, 2.0),
-            speed.SpeedRow("modern", "timelyllm-wc", 10, 1.0, 5, 3.0),
-            speed.SpeedRow("paper", "vllm-stream", 10, 1.0, 5, 4.0),
-            speed.SpeedRow("paper", "timelyllm-wc", 10, 1.0, 5, 2.0)]
-    assert speed.wall_ratios(rows) == [("modern", "timelyllm-wc", "vllm-stream", 1.5),
-                                       ("paper", "timelyllm-wc", "vllm-stream", 0.5)]
+    rows = [speed.SpeedRow("modern", "vllm-stream", 10, 1.0, 5, 2.0, 1.0),
+            speed.SpeedRow("modern", "timelyllm-wc", 10, 1.0, 5, 3.0, 2.0),
+            speed.SpeedRow("paper", "vllm-stream", 10, 1.0, 5, 4.0, 4.0),
+            speed.SpeedRow("paper", "timelyllm-wc", 10, 1.0, 5, 2.0, 1.0)]
+    assert speed.wall_ratios(rows) == [("modern", "timelyllm-wc", "vllm-stream", 1.5, 2.0),
+                                       ("paper", "timelyllm-wc", "vllm-stream", 0.5, 0.25)]
     assert speed.wall_ratios(rows[:1]) == []
 
 
@@ -56,6 +56,7 @@ def test_main_takes_the_default_alias_and_prints_the_ratio(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "workload mixed-overload, first 2 s"
     assert [line.split()[1] for line in out[2:4]] == ["vllm-stream", DEFAULT_POLICY]
-    assert out[4].startswith(f"modern   wall {DEFAULT_POLICY} / vllm-stream: ")
+    assert out[4].startswith(f"modern   {DEFAULT_POLICY} / vllm-stream: wall ")
+    assert ", cpu " in out[4]
     with pytest.raises(SystemExit):
         speed.main(["--policies", "vllm-stream,nonesuch"])
