@@ -257,6 +257,12 @@ def format_steps(steps: Mapping[str, Mapping[str, Any]]) -> str:
 
 # ---- `python -m timelyllm_ros.bench.fidelity_engines`: the grammar cost per skill set ----------
 
+def _counts(values: Any) -> str:
+    """`3 x 1, 2 x 0`: how often each value occurs, most frequent first."""
+    from collections import Counter
+    return ", ".join(f"{n} x {v}" for v, n in Counter(values).most_common())
+
+
 def grammar_key(regex: str) -> str:
     """The substring that names a skill set's grammar in `constrained_grammar_s`: the start of
     its regex (a resumed generation's regex contains the whole of it)."""
@@ -265,11 +271,12 @@ def grammar_key(regex: str) -> str:
 
 def measure_constraint_cost(argv: Sequence[str] | None = None) -> int:
     """Measure, per skill set, what its grammar costs a sequence per step on the real engine
-    (core/engine/constraint_cost.py) and print the profile lines."""
+    and how long a request waits for its grammar (core/engine/constraint_cost.py), and print
+    the profile lines."""
     import argparse
     from dataclasses import asdict
 
-    from timelyllm_ros.core.engine.constraint_cost import measure_skill_set
+    from timelyllm_ros.core.engine.constraint_cost import measure_grammar_wait, measure_skill_set
     from timelyllm_ros.core.engine.factory import EngineSpec
     from timelyllm_ros.core.engine.factory import build_engine as build_from_spec
     from timelyllm_ros.core.engine.profiling import cpu_pressure, machine_description
@@ -283,6 +290,10 @@ def measure_constraint_cost(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--model", default="models/SmolLM2-135M-Instruct")
     p.add_argument("--skill-sets", default="drone,arm")
     p.add_argument("--repeats", type=int, default=5, help="mask fills per grammar state")
+    p.add_argument("--wait-repeats", type=int, default=5,
+                   help="samples per trace prompt of the grammar wait (grammar_init_s)")
+    p.add_argument("--only-wait", action="store_true",
+                   help="measure only the grammar wait, not the cost per step")
     args = p.parse_args(argv)
     started, meter = time.monotonic(), LoadMeter()
     import xgrammar as xgr
@@ -296,11 +307,22 @@ def measure_constraint_cost(argv: Sequence[str] | None = None) -> int:
     sets = load_skillsets(default_config_dir() / "skillsets")
     traces = load_traces()
     results = []
+    waits: list[float] = []
     for name in args.skill_sets.split(","):
         skill_set = sets[name]
         prompts = [engine.render_chat(skill_set.render_messages(t.instruction, ""))
                    for t in traces.values() if t.skill_set == name]
         regex = skill_set.output_regex()
+        wait = measure_grammar_wait(engine, prompts, regex, repeats=args.wait_repeats)
+        waits.extend(wait.idle_s)
+        print(f"{name}: grammar wait, idle engine: median {wait.median_idle_s * 1e3:.2f} ms, "
+              f"min {min(wait.idle_s) * 1e3:.2f} ms over {len(wait.idle_s)} requests (without "
+              f"a grammar: median {sorted(wait.plain_idle_s)[len(wait.plain_idle_s) // 2] * 1e3:.2f}"
+              f" ms); busy engine, steps missed: {_counts(wait.busy_missed)} (without a grammar: "
+              f"{_counts(wait.plain_busy_missed)}); {len(wait.together_missed[0])} added at once, "
+              f"steps each missed: {_counts(tuple(g) for g in wait.together_missed)}", flush=True)
+        if args.only_wait:
+            continue
         cost = measure_skill_set(engine, compiler.compile_regex, vocab, name, prompts, regex,
                                  skill_set.max_plan_tokens, args.repeats)
         results.append((grammar_key(regex), cost))
@@ -309,9 +331,13 @@ def measure_constraint_cost(argv: Sequence[str] | None = None) -> int:
               f"{cost.slowest_state_s * 1e3:.1f} ms), logits {cost.logits_s * 1e3:.3f} ms, "
               f"session {cost.session_s * 1e3:.3f} ms: {cost.per_seq_s * 1e3:.3f} ms", flush=True)
     load = meter.stop()
-    print("constrained_grammar_s:")
+    if results:
+        print("constrained_grammar_s:")
     for key, cost in results:
         print(f"  {key!r}: {cost.per_seq_s!r}  # {cost.skill_set}")
+    waits.sort()
+    print(f"grammar_init_s: {waits[len(waits) // 2]!r}  # median of {len(waits)} idle-engine "
+          f"requests (min {waits[0]!r})")
     print(f"{machine_description()}; load {load.loadavg}, CPU waiting "
           f"{load.cpu_waiting_share * 100:.0f} % (PSI avg300 {cpu_pressure()}%); "
           f"{time.monotonic() - started:.0f} s")

@@ -189,3 +189,129 @@ def measure_skill_set(engine: Any, compile_regex: Callable[[str], Any], vocab_si
     logits, session = gen.per_seq_step("logits"), gen.per_seq_step("session")
     return ConstraintCost(skill_set, grammar + logits + session, grammar, logits, session,
                           len(states), len(gen.plans), max(states))
+
+
+# ---- the wait for a request's grammar ----------------------------------------------------------
+#
+# vLLM V1 builds a structured-output request's grammar matcher on a thread pool
+# (`StructuredOutputManager.grammar_init`), even when the compiled grammar is cached, and its
+# scheduler passes over a waiting request whose grammar is not ready yet
+# (WAITING_FOR_STRUCTURED_OUTPUT_GRAMMAR). So a constrained request added to a busy engine misses
+# the step that starts right after it was added (the planner adds it between two steps), and
+# one added to an idle engine waits while the engine spins empty steps. A plain request does
+# neither. `measure_grammar_wait` measures it; the simulated engine models it with
+# `EngineProfile.grammar_init_s` (sim/requests.py).
+
+
+@dataclass(frozen=True)
+class GrammarWait:
+    """What the grammar wait costs on one engine.
+
+    idle_s: per request added alone to an idle engine, seconds from `add_request` to the start
+    of the step that computed its prompt. plain_idle_s: the same without a grammar.
+    busy_missed: per request added between two steps of a busy engine, the steps that ran
+    without it before the one that computed its prompt; plain_busy_missed: without a grammar.
+    together_missed: per group of requests added at once to an idle engine, each one's
+    non-empty steps before the one that computed its prompt (in the order added)."""
+
+    idle_s: list[float]
+    plain_idle_s: list[float]
+    busy_missed: list[int]
+    plain_busy_missed: list[int]
+    together_missed: list[list[int]]
+
+    @property
+    def median_idle_s(self) -> float:
+        ordered = sorted(self.idle_s)
+        return ordered[len(ordered) // 2] if ordered else float("nan")
+
+
+def _first_token(engine: Any, request_ids: Sequence[str], clock: Callable[[], float]
+                 ) -> dict[str, tuple[float, int]]:
+    """Step until each of `request_ids` produced a token: per request, the start time of that
+    step and the number of non-empty steps (steps with any output) before it."""
+    found: dict[str, tuple[float, int]] = {}
+    busy_before = 0
+    while len(found) < len(request_ids):
+        if not engine.has_unfinished_requests():
+            raise RuntimeError(f"requests {sorted(set(request_ids) - set(found))} ended "
+                               "without a token")
+        outputs = engine.step()
+        # When the step began computing (the simulated engine's step may first wait for a
+        # grammar inside it; the real engine spins empty steps instead).
+        start = clock() - float(engine.last_step_timing().duration_s)
+        for out in outputs:
+            if out.request_id in request_ids and out.new_token_ids \
+                    and out.request_id not in found:
+                found[out.request_id] = (start, busy_before)
+        if outputs:
+            busy_before += 1
+    return found
+
+
+def _drain(engine: Any, request_ids: Sequence[str]) -> None:
+    for rid in request_ids:
+        engine.abort_request(rid)
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
+def measure_grammar_wait(engine: Any, prompts: Sequence[list[int]], regex: str, *,
+                         repeats: int = 5, together: int = 3, gap_s: float = 0.2,
+                         busy_prompt: Sequence[int] | None = None,
+                         clock: Callable[[], float] = time.perf_counter,
+                         sleep: Callable[[float], None] = time.sleep) -> GrammarWait:
+    """Measure `GrammarWait` on `engine` (otherwise idle; configured as the planner runs it),
+    with each prompt `repeats` times under `regex` and without it. Each request generates a
+    few tokens and is aborted. `gap_s`: idle time before each idle sample (the engine has been
+    idle a while when a task arrives). The busy engine decodes one plain request of
+    `busy_prompt` (default: the first prompt)."""
+    if not prompts:
+        raise ValueError("measure_grammar_wait: no prompts")
+    background = list(busy_prompt if busy_prompt is not None else prompts[0])
+    n = 0
+
+    def rid(kind: str) -> str:
+        nonlocal n
+        n += 1
+        return f"__grammar_wait__{kind}{n}"
+
+    def add(request_id: str, prompt: Sequence[int], constrained: bool) -> None:
+        # (A simulated engine generates the script; a real one ignores it.)
+        engine.add_request(EngineRequest(request_id, list(prompt), 16,
+                                         output_regex=regex if constrained else None,
+                                         scripted_text=" x" * 16))
+
+    for prompt in prompts:  # warm: the grammar compiled, every prompt's prefix cached
+        warm = rid("warm")
+        add(warm, prompt, True)
+        _first_token(engine, [warm], clock)
+        _drain(engine, [warm])
+    idle: dict[bool, list[float]] = {True: [], False: []}
+    busy: dict[bool, list[int]] = {True: [], False: []}
+    groups: list[list[int]] = []
+    for _ in range(repeats):
+        for prompt in prompts:
+            for constrained in (True, False):
+                sleep(gap_s)
+                one = rid("idle")
+                added = clock()
+                add(one, prompt, constrained)
+                idle[constrained].append(_first_token(engine, [one], clock)[one][0] - added)
+                _drain(engine, [one])
+                runner = rid("busy")
+                add(runner, background, False)
+                _first_token(engine, [runner], clock)
+                engine.step()
+                one = rid("busy")
+                add(one, prompt, constrained)
+                busy[constrained].append(_first_token(engine, [one], clock)[one][1])
+                _drain(engine, [runner, one])
+        sleep(gap_s)
+        ids = [rid("together") for _ in range(together)]
+        for i, request_id in enumerate(ids):
+            add(request_id, prompts[i % len(prompts)], True)
+        found = _first_token(engine, ids, clock)
+        groups.append([found[r][1] for r in ids])
+        _drain(engine, ids)
+    return GrammarWait(idle[True], idle[False], busy[True], busy[False], groups)

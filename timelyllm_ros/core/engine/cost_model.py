@@ -23,6 +23,13 @@ drone's MiniSpec mask costs several times an arm's), so `constrained_grammar_s` 
 request's regex applies, and `constrained_per_seq_s` any other grammar. Zero unless a profile
 measured it.
 
+A request under a grammar is not schedulable until its grammar is ready: vLLM builds the
+matcher on a thread pool, one request after another, and its scheduler passes over the request
+meanwhile (constraint_cost.py, `measure_grammar_wait`). `grammar_init_s` is that wait per
+request, counted from when the request was added or from when the previous request's grammar
+was ready, whichever is later; the simulated engine admits the request no earlier (sim/
+requests.py). Zero unless a profile measured it.
+
 `max_num_batched_tokens` is the engine's token budget per step (vLLM's setting of that name):
 decodes take one token each and prefills are chunked to fit what is left, so no step prefills
 more than the budget. The default, 8192, is what vLLM uses for an offline engine on a GPU under
@@ -82,6 +89,8 @@ class EngineProfile:
     # grammar whose regex contains a listed substring, its seconds; for any other, the default.
     constrained_per_seq_s: float = 0.0
     constrained_grammar_s: tuple[tuple[str, float], ...] = ()
+    # Seconds from adding a request under a grammar until the engine may schedule it.
+    grammar_init_s: float = 0.0
     source: str = _DEFAULT_SOURCE
 
     def __post_init__(self) -> None:
@@ -235,6 +244,7 @@ _FLOAT_KEYS = (
     "decode_per_seq_s",
     "decode_per_ctx_token_s",
     "constrained_per_seq_s",
+    "grammar_init_s",
 )
 _INT_KEYS = ("kv_block_size", "kv_total_blocks", "max_model_len", "max_num_batched_tokens")
 

@@ -36,7 +36,8 @@ its whole prompt are allocated when it is admitted (vLLM allocates them chunk by
 long prompt reserves its memory one or two steps early.
 
 What it does not model: sampling, structured outputs (`output_regex` only costs the profile's
-`constrained_seq_s` per sampling sequence and step: the script is assumed valid), and an extra
+`constrained_seq_s` per sampling sequence and step, and the wait for the request's grammar,
+`grammar_init_s`, before its admission: requests.py; the script is assumed valid), and an extra
 EOS step (a request finishes on the step that emits the last token of its script).
 """
 
@@ -259,10 +260,17 @@ class SimulatedEngine(PauseHandling, PrefixCachedKv, RequestQueues):
         last. Returns the admitted sequences and the swap-in time their admission costs."""
         admitted: list[_Sequence] = []
         swap_in_s = 0.0
+        if not self._running and self._waiting:
+            soonest = min(seq.ready_s for seq in self._waiting)
+            if soonest > self._clock:
+                # Nothing runs and no grammar is ready: vLLM spins empty steps until one is.
+                self._clock = soonest
         for group in self._admission_groups():
             for seq in group:
                 if len(self._running) >= self.max_num_seqs or self._budget <= 0:
                     return admitted, swap_in_s
+                if seq.ready_s > self._clock:
+                    continue  # its grammar is not ready: vLLM schedules the others
                 plan = self._placement(seq)
                 while plan is None and not self._running and not admitted \
                         and self._revoke_preserved():

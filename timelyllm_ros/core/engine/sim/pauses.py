@@ -68,6 +68,7 @@ class PauseHandling:
     _waiting: list[_Sequence]
     _running: list[_Sequence]
     _by_id: dict[str, _Sequence]
+    # (`_grammar_ready_s`, when a resumed request's grammar is ready, is RequestQueues'.)
 
     def _init_pauses(self, kv_bytes_per_token: float, host_link_bytes_per_s: float) -> None:
         if not (kv_bytes_per_token > 0 and host_link_bytes_per_s > 0):
@@ -116,6 +117,7 @@ class PauseHandling:
         seq = self._new_sequence(request)  # validates before anything is released
         self._paused.pop(request_id, None)
         if paused is None:
+            seq.ready_s = self._grammar_ready_s(request)
             self._waiting.append(seq)
             return
         old = paused.seq
@@ -140,6 +142,9 @@ class PauseHandling:
             return
         if paused.handling == SWAP:
             seq.swap_tokens = min(paused.host_tokens, common, len(seq.tokens) - 1)
+        # Its KV is gone or off the engine: a new request to the engine, with a new grammar
+        # (a preserved one keeps its matcher, above).
+        seq.ready_s = self._grammar_ready_s(request)
         self._waiting.append(seq)
 
     def _release_paused(self, request_id: str) -> bool:

@@ -3,6 +3,13 @@
 A request enters the waiting queue (`add_request`), is admitted into the running batch by the
 step (engine.py), and leaves when it finishes, is aborted, or is suspended at a pause
 (pauses.py). A preempted request goes back to the head of the waiting queue.
+
+A request under a grammar (`output_regex`) is admissible only once its grammar is ready, as in
+vLLM V1, which builds each request's grammar matcher on a thread pool and schedules around a
+request still waiting for it: `profile.grammar_init_s` after it was added or after the previous
+request's grammar was ready, whichever is later (the grammars are built one after another).
+So a constrained request added between two steps of a busy engine misses the next step, and an
+idle engine waits for it (engine.py, `_admit_waiting`). A preempted request keeps its grammar.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ class _Sequence:
     prefill_pending: bool = False
     cached_at_admission: int = 0  # reported with its first token
     chunk: int = 0  # tokens it computes in the step being scheduled
+    # When its grammar is ready (`RequestQueues._grammar_ready_s`): not admitted before.
+    ready_s: float = 0.0
 
     @property
     def generated(self) -> int:
@@ -55,9 +64,20 @@ class RequestQueues:
         self._waiting = []
         self._running = []
         self._by_id = {}
+        self._grammar_free_s = 0.0  # when the last grammar asked for is ready
 
     def add_request(self, request: EngineRequest) -> None:
-        self._waiting.append(self._new_sequence(request))
+        seq = self._new_sequence(request)
+        seq.ready_s = self._grammar_ready_s(request)
+        self._waiting.append(seq)
+
+    def _grammar_ready_s(self, request: EngineRequest) -> float:
+        """When a request added now under its grammar may be scheduled (now without one)."""
+        wait = self.profile.grammar_init_s
+        if not request.output_regex or wait <= 0:
+            return self._clock
+        self._grammar_free_s = max(self._clock, self._grammar_free_s) + wait
+        return self._grammar_free_s
 
     def _new_sequence(self, request: EngineRequest) -> _Sequence:
         """Validate `request` and register its record (not queued yet)."""
