@@ -225,7 +225,6 @@ class _Batch:
         c = snap.coefficients
         self.now = snap.now
         self.coef = c
-        self.running_count = len(r)
         self.size = float(len(r))
         self.context = float(r.context_tokens.sum())
         self.prefill = 0.0  # admitted, not yet computed
@@ -235,7 +234,7 @@ class _Batch:
         self.chunk = float(max(1, snap.step_token_budget - len(r)))
         self.steps = r.remaining_tokens.astype(np.float64)
         self.deadline = r.deadline_s
-        self.u0 = r.initial_utility
+        # Only utility differences are compared, so U0 cancels; k weighs lateness.
         self.slope = r.slope
 
     def step_s(self, size, context):
@@ -254,13 +253,12 @@ class _Batch:
     def lateness(self, t, deadline):
         return np.maximum(self.now + t - deadline, 0.0)
 
-    def add(self, steps, context, prefill, deadline, u0, slope) -> None:
+    def add(self, steps, context, prefill, deadline, slope) -> None:
         self.size += 1
         self.context += context
         self.prefill += prefill
         self.steps = np.append(self.steps, steps)
         self.deadline = np.append(self.deadline, deadline)
-        self.u0 = np.append(self.u0, u0)
         self.slope = np.append(self.slope, slope)
 
 
@@ -337,7 +335,7 @@ def _add(batch: _Batch, cand: CandidateQueue, j: int) -> None:
     prefill_after = batch.prefill + cand.prefill_tokens[j]
     steps = np.ceil(prefill_after / batch.chunk) + cand.segment_tokens[j] - 1
     batch.add(max(1.0, steps), cand.context_tokens[j], cand.prefill_tokens[j],
-              cand.deadline_s[j], cand.initial_utility[j], cand.slope[j])
+              cand.deadline_s[j], cand.slope[j])
 
 
 def _admit_all_on_time(batch: _Batch, cand: CandidateQueue, start: int, stop: int,
