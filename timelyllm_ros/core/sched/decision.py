@@ -48,9 +48,15 @@ soon as no slot or no candidate's blocks remain. `bench/decision_cost.py` measur
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
+
+from timelyllm_ros.core.sched.decision_records import (BatchDecision, CandidateQueue,
+                                                       DecisionSnapshot, RunningSet,
+                                                       StepCoefficients)
+
+__all__ = ["BatchDecision", "CandidateQueue", "DecisionSnapshot", "RunningSet",
+           "StepCoefficients", "decide"]
 
 # Candidates evaluated together in one numpy pass (a block); a block's work is
 # O(block * generations at risk). A throughput setting, not a policy one: the decision is the
@@ -60,161 +66,9 @@ CANDIDATE_BLOCK = 128
 HOLD_KV = "kv blocks: it needs more than are free"
 HOLD_SLOTS = "no free slot"
 HOLD_COST = "admitting it now would cost the running ones more utility than it gains by not waiting"
-YIELD_SPEED = "out of the batch after its boundary it saves others more utility than it loses"
+YIELD_SPEED = ("out of the batch after its boundary it brings late generations back on time, "
+               "worth more than it loses")
 YIELD_ROOM = "its blocks and slot let a queued first segment in, worth more than it loses"
-
-
-@dataclass(frozen=True)
-class StepCoefficients:
-    """The cost model's coefficients in seconds (core/engine/cost_model.py)."""
-
-    decode_fixed_s: float
-    decode_per_seq_s: float
-    decode_per_ctx_token_s: float
-    prefill_fixed_s: float
-    prefill_per_token_s: float
-
-    def __post_init__(self) -> None:
-        for name in self.__dataclass_fields__:
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name}: must be finite and >= 0, got {value!r}")
-
-    @classmethod
-    def from_profile(cls, profile) -> "StepCoefficients":
-        return cls(profile.decode_fixed_s, profile.decode_per_seq_s,
-                   profile.decode_per_ctx_token_s, profile.prefill_fixed_s,
-                   profile.prefill_per_token_s)
-
-
-def _column(values, dtype) -> np.ndarray:
-    arr = np.array(values, dtype=dtype)
-    arr.setflags(write=False)
-    return arr
-
-
-@dataclass(frozen=True)
-class RunningSet:
-    """The running batch, one entry per generation (parallel read-only arrays).
-
-    remaining_tokens: tokens to its current segment's end (predicted, >= 1).
-    context_tokens: its KV now. deadline_s: when its segment is due (first segment: arrival +
-    ERT; a resume: when the robot finishes the previous one). initial_utility, slope: U0 and k.
-    segment_index: 0 for a response (first segment), else a resume."""
-
-    keys: tuple[str, ...]
-    remaining_tokens: np.ndarray
-    context_tokens: np.ndarray
-    deadline_s: np.ndarray
-    initial_utility: np.ndarray
-    slope: np.ndarray
-    segment_index: np.ndarray
-    is_urgent: np.ndarray
-
-    @classmethod
-    def build(cls, keys, remaining_tokens, context_tokens, deadline_s, initial_utility, slope,
-              segment_index, is_urgent=None) -> "RunningSet":
-        n = len(keys)
-        out = cls(tuple(keys), _column(remaining_tokens, np.float64),
-                  _column(context_tokens, np.float64), _column(deadline_s, np.float64),
-                  _column(initial_utility, np.float64), _column(slope, np.float64),
-                  _column(segment_index, np.int64),
-                  _column(np.zeros(n, bool) if is_urgent is None else is_urgent, np.bool_))
-        out._check(n)
-        return out
-
-    def _check(self, n: int) -> None:
-        for name in ("remaining_tokens", "context_tokens", "deadline_s", "initial_utility",
-                     "slope", "segment_index", "is_urgent"):
-            if len(getattr(self, name)) != n:
-                raise ValueError(f"{name}: {len(getattr(self, name))} values for {n} keys")
-        if n and (self.remaining_tokens < 1).any():
-            raise ValueError("remaining_tokens: must be >= 1")
-
-    @classmethod
-    def empty(cls) -> "RunningSet":
-        return cls.build((), (), (), (), (), (), ())
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-
-@dataclass(frozen=True)
-class CandidateQueue:
-    """Queued generations in the walk order (parallel read-only arrays).
-
-    prefill_tokens: prompt tokens its admission computes. segment_tokens: tokens to its segment's
-    end once it runs (predicted, >= 1; at most its bound). bound_tokens: the most it may
-    generate in this run. blocks_needed: KV blocks its admission takes. The rest as RunningSet."""
-
-    keys: tuple[str, ...]
-    prefill_tokens: np.ndarray
-    segment_tokens: np.ndarray
-    bound_tokens: np.ndarray
-    context_tokens: np.ndarray
-    blocks_needed: np.ndarray
-    deadline_s: np.ndarray
-    initial_utility: np.ndarray
-    slope: np.ndarray
-    segment_index: np.ndarray
-
-    @classmethod
-    def build(cls, keys, prefill_tokens, segment_tokens, bound_tokens, context_tokens,
-              blocks_needed, deadline_s, initial_utility, slope,
-              segment_index) -> "CandidateQueue":
-        out = cls(tuple(keys), _column(prefill_tokens, np.float64),
-                  _column(segment_tokens, np.float64), _column(bound_tokens, np.float64),
-                  _column(context_tokens, np.float64), _column(blocks_needed, np.int64),
-                  _column(deadline_s, np.float64), _column(initial_utility, np.float64),
-                  _column(slope, np.float64), _column(segment_index, np.int64))
-        n = len(out.keys)
-        for name in ("prefill_tokens", "segment_tokens", "bound_tokens", "context_tokens",
-                     "blocks_needed", "deadline_s", "initial_utility", "slope", "segment_index"):
-            if len(getattr(out, name)) != n:
-                raise ValueError(f"{name}: {len(getattr(out, name))} values for {n} keys")
-        if n and (out.segment_tokens < 1).any():
-            raise ValueError("segment_tokens: must be >= 1")
-        return out
-
-    @classmethod
-    def empty(cls) -> "CandidateQueue":
-        return cls.build((), (), (), (), (), (), (), (), (), ())
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-
-@dataclass(frozen=True)
-class DecisionSnapshot:
-    """Everything one decision reads. `free_slots` None: no slot limit."""
-
-    now: float
-    running: RunningSet
-    candidates: CandidateQueue
-    free_kv_blocks: int
-    free_slots: int | None
-    step_token_budget: int
-    coefficients: StepCoefficients
-    kv_block_size: int
-
-    def __post_init__(self) -> None:
-        if self.kv_block_size < 1:
-            raise ValueError(f"kv_block_size: must be >= 1, got {self.kv_block_size!r}")
-        if self.step_token_budget < 1:
-            raise ValueError(f"step_token_budget: must be >= 1, got {self.step_token_budget!r}")
-        if self.free_slots is not None and self.free_slots < 0:
-            raise ValueError(f"free_slots: must be >= 0 or None, got {self.free_slots!r}")
-
-
-@dataclass(frozen=True)
-class BatchDecision:
-    """admit: keys to start now, in walk order. hold: queued keys the walk reached and refused,
-    with the reason. yields: running keys to suspend at their next boundary, with the reason.
-    Queued keys in neither were not reached (the walk stopped: nothing further fitted)."""
-
-    admit: tuple[str, ...]
-    hold: dict[str, str] = field(default_factory=dict)
-    yields: dict[str, str] = field(default_factory=dict)
 
 
 class _Batch:
