@@ -1,6 +1,19 @@
-"""An upper bound of every policy's utility on a run: each task served as if it were alone.
+"""An upper bound of every policy's utility on a run: the burst bound, with the alone bound.
 
-For each task of the event list, its first segment is served on an idle, warm engine:
+Two bounds, both reported (`add_bound`: `doc["bound"]` is the burst bound, `doc["bound_alone"]`
+the alone bound). The **alone bound** serves each task as if it were alone on the engine. The
+**burst bound** (bench/bound_burst.py, its proof sketch) is tighter where one event releases
+several tasks at once: no schedule serves them all alone, since their prompts share the engine's
+steps; there the k-th first segment of the event cannot be out before the k smallest prompts
+are computed, and the bound assigns the event's tasks to those completion slots as well as any
+schedule could (an assignment problem). An event with one task keeps its alone bound; where an
+event's tasks have distinct prompts the burst bound is never above the alone bound (with copies
+of one prompt in an event it can be: a copy may find the other's blocks in the prefix cache,
+which the alone bound does not count). `BoundTask.response_time_s` and `utility` are the burst
+bound's, `alone_response_time_s` and `alone_utility` the alone bound's.
+
+The alone bound: for each task of the event list, its first segment is served on an idle, warm
+engine:
 
     response = network latency
              + prefill of its uncached prompt tokens (the skill set's shared prompt prefix is in the
@@ -26,9 +39,10 @@ estimate there.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
+from timelyllm_ros.bench.bound_burst import best_assignment, completion_floors_s, prefill_floors
 from timelyllm_ros.bench.config import BenchConfig
 from timelyllm_ros.bench.metrics import compute_metrics
 # The replay's own skill sets (padding included), so that the bound sees the prompts it served.
@@ -57,6 +71,9 @@ class BoundTask:
     response_time_s: float
     utility: float
     waiting_time_s: float = NAN
+    # The alone bound's figures; `response_time_s` and `utility` are the burst bound's.
+    alone_response_time_s: float = NAN
+    alone_utility: float = NAN
 
 
 def alone_latency_s(profile: EngineProfile, prompt_tokens: int, cached_tokens: int,
@@ -114,9 +131,11 @@ def upper_bound(events: Sequence[Event], workload: Workload, config: BenchConfig
                 tuf_levels: TufLevels | None = None,
                 skill_sets: Mapping[str, SkillSet] | None = None,
                 **_run_kwargs: Any) -> list[BoundTask]:
-    """Every task of `events` served alone (module docstring). Takes the same arguments as
-    `bench.replay.run_policy` (the scenario's traces, TUF levels and skill sets); the others
-    (execution model, call durations) do not change a first response and are ignored."""
+    """The bound of every task of `events`: the burst bound (`response_time_s`, `utility`) with
+    the alone bound beside it (`alone_response_time_s`, `alone_utility`); module docstring.
+    Takes the same arguments as `bench.replay.run_policy` (the scenario's traces, TUF levels and
+    skill sets); the others (execution model, call durations) do not change a first response
+    and are ignored."""
     config = config or BenchConfig()
     traces = traces if traces is not None else load_traces()
     tuf_levels = tuf_levels if tuf_levels is not None else load_tuf_levels(config.tuf_levels_path)
@@ -129,13 +148,18 @@ def upper_bound(events: Sequence[Event], workload: Workload, config: BenchConfig
     sizes_of: dict[tuple[int, str], tuple[int, int, int]] = {}
     out = []
     for event in events:
+        alone, prompts = [], []
         for spec in event.tasks:
             trace = traces[spec.trace_id]
+            skill_set = skill_sets[trace.skill_set]
             instruction = _instruction(spec, trace)
             sizes = sizes_of.get((trace.trace_id, instruction))
+            ids = None  # a burst needs every prompt's tokens to see what they share
+            if sizes is None or len(event.tasks) > 1:
+                ids = engine.render_chat(skill_set.render_messages(instruction))
             if sizes is None:
                 sizes = sizes_of[trace.trace_id, instruction] = _sizes(
-                    engine, skill_sets[trace.skill_set], trace, instruction, shared_prompt)
+                    engine, skill_set, trace, ids, shared_prompt)
             prompt, cached, n_first = sizes
             tuf = tuf_levels.get(spec.tuf_level)
             if n_first:
@@ -143,10 +167,39 @@ def upper_bound(events: Sequence[Event], workload: Workload, config: BenchConfig
                 utility = float(tuf.utility(response))
             else:
                 response = utility = NAN
-            out.append(BoundTask(
+            alone.append(BoundTask(
                 task_id=f"t{spec.task_id:05d}", task_type=task_type(trace.category, spec.tuf_level),
                 ert_s=tuf.ert_s, prompt_tokens=prompt, uncached_tokens=prompt - cached,
-                first_segment_tokens=n_first, response_time_s=response, utility=utility))
+                first_segment_tokens=n_first, response_time_s=response, utility=utility,
+                alone_response_time_s=response, alone_utility=utility))
+            prompts.append((ids, tuf))
+        out.extend(_burst(profile, latency, alone, prompts))
+    return out
+
+
+def _burst(profile: EngineProfile, latency_s: float, alone: list[BoundTask],
+           prompts: list[tuple[list[int] | None, Any]]) -> list[BoundTask]:
+    """One event's tasks under the burst bound (bench/bound_burst.py): the alone bound when at
+    most one of them has a first segment."""
+    served = [i for i, t in enumerate(alone) if t.first_segment_tokens]
+    if len(served) < 2:
+        return alone
+    ids = [prompts[i][0] for i in served]
+    floors = prefill_floors(ids, [alone[i].prompt_tokens - alone[i].uncached_tokens
+                                  for i in served], profile.kv_block_size)
+    slots = completion_floors_s(profile, [alone[i].prompt_tokens for i in served], floors,
+                                [alone[i].first_segment_tokens for i in served])
+    utilities = [prompts[i][1].utility for i in served]
+    # A task may hit blocks another prompt of its event computed: alone, it would still
+    # compute its floor's tokens, no fewer.
+    alone_floors = [latency_s + alone_latency_s(profile, alone[i].prompt_tokens,
+                                                alone[i].prompt_tokens - m,
+                                                alone[i].first_segment_tokens)
+                    for i, m in zip(served, floors)]
+    responses = best_assignment(alone_floors, latency_s + slots, utilities)
+    out = list(alone)
+    for i, response, utility in zip(served, responses, utilities):
+        out[i] = replace(alone[i], response_time_s=response, utility=float(utility(response)))
     return out
 
 
@@ -157,10 +210,10 @@ def _instruction(spec: Any, trace: Trace) -> str:
     return instruction_for(trace) if instruction_for is not None else trace.instruction
 
 
-def _sizes(engine: SimulatedEngine, skill_set: SkillSet, trace: Trace, instruction: str,
+def _sizes(engine: SimulatedEngine, skill_set: SkillSet, trace: Trace, ids: list[int],
            shared_prompt: dict[str, list[int]]) -> tuple[int, int, int]:
-    """(prompt tokens, of them served from the warm prefix cache, first-segment tokens)."""
-    ids = engine.render_chat(skill_set.render_messages(instruction))
+    """(prompt tokens, of them served from the warm prefix cache, first-segment tokens) of the
+    prompt `ids`."""
     fixed = shared_prompt.get(skill_set.name)
     if fixed is None:  # what `SegmentScheduler.warm_prefix_cache` prefills at start-up
         fixed = shared_prompt[skill_set.name] = engine.render_chat(skill_set.render_messages(""))
@@ -199,12 +252,23 @@ def fraction_of_bound(utility: float | None, bound_utility: float | None) -> flo
     return utility / bound_utility
 
 
+def alone_tasks(tasks: Iterable[BoundTask]) -> list[BoundTask]:
+    """The alone bound's tasks: each task's alone figures as its response and utility."""
+    return [replace(t, response_time_s=t.alone_response_time_s, utility=t.alone_utility)
+            for t in tasks]
+
+
 def add_bound(doc: dict[str, Any], tasks: Iterable[BoundTask]) -> dict[str, Any]:
-    """Put the bound into a results document: `doc["bound"]`, and each policy's overall
-    `utility_fraction_of_bound`."""
-    doc["bound"] = bound_block(list(tasks))
+    """Put the bound into a results document: `doc["bound"]` (the burst bound) and
+    `doc["bound_alone"]` (the alone bound), and each policy's overall
+    `utility_fraction_of_bound` and `utility_fraction_of_alone_bound`."""
+    tasks = list(tasks)
+    doc["bound"] = bound_block(tasks)
+    doc["bound_alone"] = bound_block(alone_tasks(tasks))
     bound_u = doc["bound"]["overall"]["utility_mean"]
+    alone_u = doc["bound_alone"]["overall"]["utility_mean"]
     for metrics in doc["policies"].values():
-        metrics["utility_fraction_of_bound"] = fraction_of_bound(
-            metrics["overall"]["utility_mean"], bound_u)
+        utility = metrics["overall"]["utility_mean"]
+        metrics["utility_fraction_of_bound"] = fraction_of_bound(utility, bound_u)
+        metrics["utility_fraction_of_alone_bound"] = fraction_of_bound(utility, alone_u)
     return doc

@@ -254,6 +254,10 @@ def test_cli_family_of_two_short_members(tmp_path, capsys):
         assert row["tasks"] == sum(len(e.tasks) for e in events)
         assert row["bound"]["utility_mean"] >= row["policies"][row["subject"]]["utility_mean"] \
             - 0.05  # the bound can beat a response only by a few ms of prefix cache
+        # The alone bound beside the burst bound, for the same tasks.
+        assert row["bound_alone"]["urgent_tasks"] == row["bound"]["urgent_tasks"]
+        assert row["subject_of_alone_bound"] == pytest.approx(
+            row["policies"][row["subject"]]["utility_mean"] / row["bound_alone"]["utility_mean"])
     assert doc["summary"]["members"] == 2
     assert (tmp_path / "family.png").is_file()
     table = capsys.readouterr().out

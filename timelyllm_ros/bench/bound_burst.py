@@ -1,0 +1,152 @@
+"""A tighter upper bound for tasks that arrive together: the burst bound (bench/bound.py uses it).
+
+The alone bound serves every task as if it were alone on the engine. When one event releases
+several tasks at once (a burst), no schedule serves them all alone: the engine computes their
+prompts one step after another. This module lowers each event's tasks to what the simulated
+engine's cost model (core/engine/cost_model.py, charged per step as core/engine/sim/engine.py
+does) allows at best, and stays a valid upper bound of every policy's summed utility.
+
+Notation, for the tasks of one event released at time a (those with a first segment): task i has
+a prompt of `len_i` tokens, of which at least `m_i` must be computed (below), and a first segment
+of `g_i` tokens; `alone_i` is its alone-bound response time. A step costs (cost model)
+
+    prefill_fixed * [P > 0] + prefill_per_token * P + decode_fixed + decode_per_seq * B
+        + decode_per_ctx_token * ctx
+
+for P prompt tokens computed in it (P <= the token budget b), B >= 1 sequences in its batch, ctx
+the tokens in their KV. Grammar work, swaps and grammar waits only add to it.
+
+Claim: in any schedule, the k-th first segment of the event to complete is out no sooner than
+
+    c_k = latency + min over j [ prefill_per_token * T_jk + prefill_fixed * ceil(T_jk / b)
+                                 + own_j ],
+    T_jk = m_j + the sum of the k-1 smallest m_i of the other tasks,
+    own_j = sum of decode_step_s(1, ctx) over the steps task j itself must be in.
+
+Proof sketch. Let S be the k tasks completed first and j the last of them. Every step that
+works on S starts after a (a step begun before the event cannot hold its tasks) and the engine
+runs one step at a time, so the k-th completion is at least a plus the cost of those steps.
+(1) Prefill part: each task of S computes at least m_i prompt tokens, so these steps compute at
+least T(S) >= T_jk prompt tokens (a task outside S adds to it), at most b per step, so at least
+ceil(T_jk / b) of them pay the fixed prefill cost. (2) Decode part: task j is in the batch of
+each of its own steps, which pay decode_fixed + decode_per_seq + decode_per_ctx_token * ctx
+with ctx at least j's own tokens: its prompt needs ceil(m_j / b) steps, the last of which
+emits its first token, and g_j - 1 more steps follow, one token each. In the step that
+completes j's prompt and the ones after, j holds len_j, len_j + 1, ... tokens; in its t-th
+partial prompt step counted back from that one it holds at least len_j - t * b (each chunk is at
+most b). Decode work runs concurrently with other tasks' prefills (chunked prefill), so these
+steps may be the very steps of (1); the sum still holds because (1) counts only the prefill terms
+of a step and (2) only its decode terms. Minimising over j (and so over S) gives c_k, and c_k
+grows with k. Response times add the network latency as the alone bound does.
+
+So the task completed k-th has response >= max(c_k, alone_i), and since a TUF never rises with
+time, any schedule's summed utility is at most sum_i U_i(max(c_slot(i), alone_i)) for the
+permutation that its completion order defines, hence at most the best permutation: an
+assignment problem (scipy.optimize.linear_sum_assignment). Tasks of other events only take
+steps away, except through the prefix cache (below); the bound ignores them.
+
+Prefix cache: as in the alone bound, the skill set's shared prompt prefix is warm (`cached_i`,
+whole KV blocks) and nothing else of a task's prompt is assumed cached from earlier events (an
+identical prompt served before could save a few ms: the alone bound's stated exception). Inside
+an event the bound does not assume so: a task served after another of the same event may hit the
+blocks that one computed, so m_i counts only what no other prompt of the event can give it:
+m_i = len_i - max(cached_i, the longest common prefix with another prompt of the event in whole
+blocks, at most len_i - 1: the last prompt token is always computed). With distinct prompts
+m_i = len_i - cached_i, the alone bound's uncached tokens.
+
+An event with one task keeps its alone bound exactly; a task without a first segment keeps its
+alone figures (no response) and takes no completion slot.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+from timelyllm_ros.core.engine.cost_model import EngineProfile
+
+
+def prefill_floors(prompts: Sequence[Sequence[int]], cached: Sequence[int],
+                   block_size: int) -> list[int]:
+    """m_i of each prompt (module docstring): the tokens it computes at least, whatever the
+    other prompts of its event left in the prefix cache. A prompt that is a proper prefix of
+    another could hand it all of its blocks and whatever it generated after, so that other
+    prompt may hit everything but its last token."""
+    arrays = [np.asarray(p, dtype=np.int64) for p in prompts]
+    out = []
+    for i, a in enumerate(arrays):
+        hit = cached[i]
+        for j, other in enumerate(arrays):
+            if j == i:
+                continue
+            n = min(len(a), len(other))
+            differ = np.flatnonzero(a[:n] != other[:n])
+            common = int(differ[0]) if differ.size else n
+            if common == len(other) < len(a):
+                common = len(a)  # other's generated tokens may continue into this prompt
+            hit = max(hit, min(common, len(a) - 1) // block_size * block_size)
+        out.append(len(a) - hit)
+    return out
+
+
+def own_steps_floor_s(profile: EngineProfile, prompt_tokens: int, computed_floor: int,
+                      first_segment_tokens: int) -> float:
+    """The decode terms of the steps a task must be in to emit its first segment (own_j):
+    ceil(m / b) - 1 partial prompt steps holding at least len - t * b tokens, then one step per
+    first-segment token holding len, len + 1, ... tokens, each at batch size >= 1."""
+    budget = profile.max_num_batched_tokens
+    partial = max(0, math.ceil(computed_floor / budget) - 1)
+    total = sum(profile.decode_step_s(1, max(0, prompt_tokens - t * budget))
+                for t in range(1, partial + 1))
+    total += sum(profile.decode_step_s(1, prompt_tokens + n) for n in range(first_segment_tokens))
+    return total
+
+
+def completion_floors_s(profile: EngineProfile, prompt_tokens: Sequence[int],
+                        computed_floors: Sequence[int],
+                        first_segment_tokens: Sequence[int]) -> np.ndarray:
+    """Engine seconds after the event before task j's first segment can be out if it is the
+    k-th of the event's to be out: c_jk less the latency (module docstring), as an n x n array
+    indexed [j, k - 1]."""
+    n = len(prompt_tokens)
+    budget = profile.max_num_batched_tokens
+    order = sorted(range(n), key=lambda i: computed_floors[i])
+    position = {i: p for p, i in enumerate(order)}
+    smallest = [0]  # smallest[q]: the sum of the q smallest floors
+    for i in order:
+        smallest.append(smallest[-1] + computed_floors[i])
+    floors = np.empty((n, n))
+    for j in range(n):
+        own = own_steps_floor_s(profile, prompt_tokens[j], computed_floors[j],
+                                first_segment_tokens[j])
+        for k in range(1, n + 1):
+            # The k-1 smallest floors of the other tasks: skip j's own if it is among them.
+            others = smallest[k - 1] if position[j] >= k - 1 else \
+                smallest[k] - computed_floors[j]
+            tokens = computed_floors[j] + others
+            floors[j, k - 1] = (profile.prefill_per_token_s * tokens
+                                + profile.prefill_fixed_s * math.ceil(tokens / budget) + own)
+    return floors
+
+
+def best_assignment(alone_s: Sequence[float], slot_floors_s: np.ndarray,
+                    utilities: Sequence[Callable[[float], float]]) -> list[float]:
+    """Response times of the best assignment of tasks to completion slots: task i in slot k
+    answers at max(slot_floors_s[i, k], alone_s[i]); the assignment maximises the summed
+    utility. Returns each task's response time in it."""
+    n = len(alone_s)
+    floors = np.asarray(slot_floors_s, dtype=float)
+    if floors.shape != (n, n) or len(utilities) != n:
+        raise ValueError(f"best_assignment: {n} tasks need an {n} x {n} array of slot floors "
+                         f"(got shape {floors.shape}) and {n} utility functions (got "
+                         f"{len(utilities)})")
+    response = np.maximum(floors, np.asarray(alone_s, dtype=float)[:, None])
+    utility = np.array([[utilities[i](response[i, k]) for k in range(n)] for i in range(n)])
+    rows, cols = linear_sum_assignment(utility, maximize=True)
+    out = [math.nan] * n
+    for i, k in zip(rows, cols):
+        out[i] = float(response[i, k])
+    return out
