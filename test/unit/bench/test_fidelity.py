@@ -340,3 +340,9 @@ def test_cli_default_policies_are_stream_and_default(monkeypatch, tmp_path):
     assert seen["engine"] == "vllm" and seen["model"] == str(tmp_path) and seen["runs"] == 2
     assert seen["kv"] == EngineProfile.from_yaml(fid.DEFAULT_PROFILE).kv_total_blocks
     assert seen["tasks"] > 0
+
+
+def test_counts_lists_each_value_with_how_often_it_occurs():
+    from timelyllm_ros.bench.fidelity_engines import _counts
+    assert _counts([1, 1, 0, 1]) == "3 x 1, 1 x 0"
+    assert _counts([(0, 0, 1), (0, 1, 1), (0, 0, 1)]) == "2 x (0, 0, 1), 1 x (0, 1, 1)"
