@@ -137,15 +137,12 @@ def _walk(snap: DecisionSnapshot, batch: _Batch) -> tuple[list[str], dict[str, s
     # Smallest need from each position on: the walk stops when nothing further fits.
     min_need_from = np.minimum.accumulate(cand.blocks_needed[::-1])[::-1]
     start = 0
-    # Blocks shrink after an admission (the next candidates are re-evaluated against the grown
-    # batch, and many passes admit several in a row) and grow back after a block with none.
-    block = CANDIDATE_BLOCK
     while start < n:
         if free_slots is not None and free_slots <= 0:
             break
         if min_need_from[start] > free_blocks:
             break
-        stop = min(n, start + block)
+        stop = min(n, start + CANDIDATE_BLOCK)
         bulk = _admit_all_on_time(batch, cand, start, stop, free_blocks, free_slots)
         if bulk:
             for j in range(start, start + bulk):
@@ -165,9 +162,7 @@ def _walk(snap: DecisionSnapshot, batch: _Batch) -> tuple[list[str], dict[str, s
             hold[cand.keys[j]] = HOLD_COST if cand.blocks_needed[j] <= free_blocks else HOLD_KV
         if not len(picked):
             start = stop
-            block = min(CANDIDATE_BLOCK, 2 * block)
             continue
-        block = max(1, min(CANDIDATE_BLOCK, 8, block // 2))
         j = end
         key = cand.keys[j]
         admit.append(key)
