@@ -6,7 +6,8 @@ the alone bound). The **alone bound** serves each task as if it were alone on th
 several tasks at once: no schedule serves them all alone, since their prompts share the engine's
 steps; there the k-th first segment of the event cannot be out before the k smallest prompts
 are computed, and the bound assigns the event's tasks to those completion slots as well as any
-schedule could (an assignment problem). An event with one task keeps its alone bound; where an
+schedule could (an assignment problem); for small events it also groups the tasks by the step
+that completes their prompts and takes the smaller of the two. An event with one task keeps its alone bound; where an
 event's tasks have distinct prompts the burst bound is never above the alone bound (with copies
 of one prompt in an event it can be: a copy may find the other's blocks in the prefix cache,
 which the alone bound does not count). `BoundTask.response_time_s` and `utility` are the burst
@@ -42,7 +43,9 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any, Iterable, Mapping, Sequence
 
-from timelyllm_ros.bench.bound_burst import best_assignment, completion_floors_s, prefill_floors
+from timelyllm_ros.bench.bound_burst import (GROUPED_MAX_TASKS, best_assignment,
+                                             completion_floors_s, grouped_responses,
+                                             prefill_floors)
 from timelyllm_ros.bench.config import BenchConfig
 from timelyllm_ros.bench.metrics import compute_metrics
 # The replay's own skill sets (padding included), so that the bound sees the prompts it served.
@@ -197,6 +200,12 @@ def _burst(profile: EngineProfile, latency_s: float, alone: list[BoundTask],
                                                 alone[i].first_segment_tokens)
                     for i, m in zip(served, floors)]
     responses = best_assignment(alone_floors, latency_s + slots, utilities)
+    if len(served) <= GROUPED_MAX_TASKS:  # both are upper bounds: the smaller sum is one too
+        grouped, grouped_utility = grouped_responses(
+            profile, latency_s, floors, [alone[i].prompt_tokens for i in served],
+            [alone[i].first_segment_tokens for i in served], alone_floors, utilities)
+        if grouped_utility < sum(u(r) for u, r in zip(utilities, responses)):
+            responses = grouped
     out = list(alone)
     for i, response, utility in zip(served, responses, utilities):
         out[i] = replace(alone[i], response_time_s=response, utility=float(utility(response)))

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from timelyllm_ros.bench.bound import alone_latency_s, upper_bound
 from timelyllm_ros.bench.bound_burst import (best_assignment, completion_floors_s,
-                                             own_steps_floor_s, prefill_floors)
+                                             grouped_responses, own_steps_floor_s,
+                                             prefill_floors)
 from timelyllm_ros.bench.config import BenchConfig
 from timelyllm_ros.bench.replay import run_policy
 from timelyllm_ros.core.engine.cost_model import EngineProfile
@@ -69,7 +70,7 @@ def test_shared_prompts_of_one_event_lower_the_prefill_floor():
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 6000), st.integers(0, 3000), st.integers(1, 30),
-                          st.sampled_from([0.2, 1.0, 5.0])), min_size=1, max_size=7),
+                          st.sampled_from([0.2, 1.0, 5.0])), min_size=1, max_size=6),
        st.sampled_from([256, 2048, 8192]), st.floats(0.0, 0.2))
 def test_the_burst_bound_never_exceeds_the_alone_bound(tasks, budget, latency):
     profile = dataclasses.replace(EngineProfile(), max_num_batched_tokens=budget)
@@ -87,6 +88,10 @@ def test_the_burst_bound_never_exceeds_the_alone_bound(tasks, budget, latency):
     for response, a, tuf in zip(responses, alone, tufs):
         assert response >= a
         assert tuf.utility(response) <= tuf.utility(a)
+    grouped, total = grouped_responses(profile, latency, floors, prompts, tokens, alone,
+                                       [t.utility for t in tufs])
+    assert total == pytest.approx(sum(t.utility(r) for t, r in zip(tufs, grouped)))
+    assert all(r >= a for r, a in zip(grouped, alone))
     # Each task in its own slot: the responses are a permutation's entries of the slots.
     taken = sorted(int(np.argmin(np.abs(slots[i] - r))) for i, r in enumerate(responses)
                    if r > alone[i])
@@ -171,3 +176,27 @@ def test_a_tasks_own_steps_hold_its_growing_context():
         profile.decode_step_s(1, 1000) + profile.decode_step_s(1, 744)
         + profile.decode_step_s(1, 488))
     assert math.isfinite(own_steps_floor_s(chunked, 10, 10, 1))
+
+
+def test_grouping_charges_what_separate_slots_share():
+    """Two prompts: the slot bound lets the first answer alone and the second after both
+    prompts in one step's worth of fixed costs; no schedule does both, and the grouped bound,
+    which takes each task's group as a whole, is lower."""
+    profile = EngineProfile()
+    prompts, tokens = [800, 800], [4, 4]
+    urgent = [TUF(ert_s=0.2, initial_utility=2.0, slope_per_s=20.0)] * 2
+    alone = [alone_latency_s(profile, p, 0, g) for p, g in zip(prompts, tokens)]
+    utilities = [t.utility for t in urgent]
+    slots = completion_floors_s(profile, prompts, prompts, tokens)
+    by_slot = sum(u(r) for u, r in zip(utilities, best_assignment(alone, slots, utilities)))
+    grouped, by_group = grouped_responses(profile, 0.0, prompts, prompts, tokens, alone,
+                                          utilities)
+    assert by_group < by_slot - 0.05
+    # The best grouping: one prompt alone first, the other in the next step, which pays its
+    # own fixed prefill and decode costs on top of both prompts' tokens.
+    first, second = sorted(grouped)
+    assert first == pytest.approx(alone[0])
+    assert second == pytest.approx(
+        profile.prefill_per_token_s * 1600 + 2 * (profile.prefill_fixed_s
+                                                  + profile.decode_step_s(1, 0))
+        + sum(profile.decode_step_s(1, 800 + k) for k in range(1, 4)))
