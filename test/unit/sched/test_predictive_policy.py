@@ -110,3 +110,12 @@ def test_first_segments_are_measured_per_skill_set_and_start_at_their_bound():
     assert means.tokens("drone", 10) == 4.0
     assert means.tokens("drone", 3) == 3.0  # never above the bound
     assert means.tokens("chat", 60) == 60
+
+
+def test_resume_weight_scales_what_a_resumes_lateness_costs():
+    running = [_gen("r", 1.0), _gen("y", 1.0, segment_index=2)]
+    for weight, expected in ((1.0, [10.0, 10.0]), (0.0, [10.0, 0.0])):
+        adm = PredictiveAdmission(StepTimeModel(PROFILE), step_token_budget=8192,
+                                  kv_block_size=16, resume_weight=weight)
+        assert adm.running_set(running).slope.tolist() == expected
+    assert get_policy(POLICY).resume_weight == 1.0

@@ -78,7 +78,11 @@ class PredictiveAdmission(CandidateAdmission):
     reads_preserved_blocks = True
 
     def __init__(self, model: StepTimeModel, *, step_token_budget: int, kv_block_size: int,
-                 max_num_seqs: int | None = None, lengths: FirstSegmentMeans | None = None):
+                 max_num_seqs: int | None = None, lengths: FirstSegmentMeans | None = None,
+                 resume_weight: float = 1.0):
+        if not (0 <= resume_weight and np.isfinite(resume_weight)):
+            raise ValueError(f"resume_weight: must be a finite number >= 0, got {resume_weight!r}")
+        self.resume_weight = float(resume_weight)
         self.model = model
         self.step_token_budget = int(step_token_budget)
         self.kv_block_size = int(kv_block_size)
@@ -106,7 +110,8 @@ class PredictiveAdmission(CandidateAdmission):
         return RunningSet.build(
             [g.key for g in running], remaining, [g.context_tokens for g in running],
             [g.deadline_s for g in running], [g.initial_utility for g in running],
-            [g.slope for g in running], [g.segment_index for g in running],
+            [g.slope * (self.resume_weight if g.segment_index else 1.0) for g in running],
+            [g.segment_index for g in running],
             [g.is_urgent for g in running])
 
     def candidate_queue(self, p: AdmissionPass) -> CandidateQueue:
@@ -129,7 +134,8 @@ class PredictiveAdmission(CandidateAdmission):
             segment, bound.astype(np.float64),
             context.astype(np.float64), blocks,
             view.reference_s[rows] + view.ert_s[rows], view.initial_utility[rows],
-            view.slope[rows], view.segment_index[rows])
+            np.where(~first, view.slope[rows] * self.resume_weight, view.slope[rows]),
+            view.segment_index[rows])
 
     def snapshot(self, now: float, running: Sequence[RunningGen],
                  candidates: CandidateQueue, free_kv_blocks: int) -> DecisionSnapshot:
@@ -190,6 +196,10 @@ class PredictiveTimelyPolicy(TimelyPolicy):
     prior_steps: float = 50.0
     memory_steps: float = 2000.0
     preserve_kv_share: float = 0.5
+    # What a resume's lateness weighs in the decision, as a multiple of its task's TUF slope:
+    # 1 is the paper's suspended TUF; 0 ranks every response's utility above any resume's
+    # timeliness (the bench's utility counts first segments only). docs/batch-control.md.
+    resume_weight: float = 1.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -211,7 +221,8 @@ class PredictiveTimelyPolicy(TimelyPolicy):
             budget = self.step_model.profile.max_num_batched_tokens
         return PredictiveAdmission(self.step_model, step_token_budget=int(budget),
                                    kv_block_size=ctx.kv_block_size,
-                                   max_num_seqs=ctx.max_num_seqs)
+                                   max_num_seqs=ctx.max_num_seqs,
+                                   resume_weight=self.resume_weight)
 
     def on_step(self, step: StepInfo) -> None:
         if self.step_model is not None:
