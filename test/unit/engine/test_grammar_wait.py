@@ -78,16 +78,22 @@ def test_grammars_are_ready_one_after_another():
     assert {o.request_id for o in engine.step()} == {"a", "b", "c"}
 
 
-def test_preserved_resume_keeps_its_grammar():
+def _resumed_after(handling: str):
+    """An engine whose constrained request "a" ran three steps, was suspended with `handling`
+    and resumed; returns (engine, clock before the resumed request's first step)."""
     engine = _engine()
     _add(engine, "a", text="one two three four five six")
     for _ in range(3):
         engine.step()
-    engine.suspend_request("a", "preserve")
+    engine.suspend_request("a", handling)
     prompt = engine.tokenize("prompt of a") + engine.tokenize("one two three")
     engine.resume_request("a", EngineRequest("a#1", prompt, 8, output_regex=REGEX,
                                              scripted_text=" four five six"))
-    before = engine.now()
+    return engine, engine.now()
+
+
+def test_preserved_resume_keeps_its_grammar():
+    engine, before = _resumed_after("preserve")
     engine.step()
     assert engine.last_step_timing().batch_size == 1
     assert engine.now() - before == pytest.approx(engine.last_step_timing().duration_s)
@@ -106,14 +112,6 @@ def test_measure_grammar_wait_on_a_simulated_engine():
 
 
 def test_discarded_resume_waits_for_a_new_grammar():
-    engine = _engine()
-    _add(engine, "a", text="one two three four five six")
-    for _ in range(3):
-        engine.step()
-    engine.suspend_request("a", "discard")
-    prompt = engine.tokenize("prompt of a") + engine.tokenize("one two three")
-    engine.resume_request("a", EngineRequest("a#1", prompt, 8, output_regex=REGEX,
-                                             scripted_text=" four five six"))
-    before = engine.now()
+    engine, before = _resumed_after("discard")
     engine.step()
     assert engine.now() - before == pytest.approx(WAIT + engine.last_step_timing().duration_s)
