@@ -329,7 +329,10 @@ def main_fidelity(args: Any, cli_default_policies: str) -> int:
                          for m in result.load[p.policy])
         print(f"{p.policy}: machine during the real runs: {runs}")
     if args.out:
-        header = {"command": "timelyllm bench " + " ".join(sys.argv[1:]),
+        argv = sys.argv[1:]
+        if argv[:1] == ["bench"]:  # `timelyllm bench ...`: the subcommand is in argv already
+            argv = argv[1:]
+        header = {"command": "timelyllm bench " + " ".join(argv),
                   "workload": workload.to_dict(), "events": len(events), "tasks": n_tasks,
                   "real_runs": args.fidelity_runs,
                   "title": f"{workload.name}: real vLLM ({model.name}) vs simulated"}
