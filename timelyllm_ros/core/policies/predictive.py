@@ -19,8 +19,8 @@ from typing import Collection, Sequence
 import numpy as np
 
 from timelyllm_ros.core.policies.builtin import TimelyPolicy
-from timelyllm_ros.core.policies.work_conserving import (_RESPONSE_OFFSET,
-                                                         WorkConservingTimelyPolicy)
+from timelyllm_ros.core.policies.work_conserving import (preserve_within_share,
+                                                         responses_first)
 from timelyllm_ros.core.sched.decision import (BatchDecision, CandidateQueue, DecisionSnapshot,
                                                RunningSet, StepCoefficients, decide)
 from timelyllm_ros.core.sched.interface import (AdmissionController, AdmissionPass, Candidate,
@@ -206,9 +206,7 @@ class PredictiveTimelyPolicy(TimelyPolicy):
         self.step_model: StepTimeModel | None = None
 
     def priorities(self, view: QueueView, now: float) -> np.ndarray:
-        out = super().priorities(view, now)
-        out[view.segment_index == 0] += _RESPONSE_OFFSET
-        return out
+        return responses_first(super().priorities(view, now), view)
 
     def make_admission(self, ctx: SchedulerContext) -> AdmissionController | None:
         self.step_model = StepTimeModel(ctx.profile, informed=ctx.profile is not None,
@@ -230,4 +228,4 @@ class PredictiveTimelyPolicy(TimelyPolicy):
                                     step.prefill_tokens)
 
     def pause_handling(self, pause: PauseInfo) -> str:
-        return WorkConservingTimelyPolicy.pause_handling(self, pause)
+        return preserve_within_share(pause, self.preserve_kv_share)

@@ -50,6 +50,27 @@ from timelyllm_ros.core.sched.queue_view import QueueView
 _RESPONSE_OFFSET = 1e12
 
 
+def responses_first(priorities: np.ndarray, view: QueueView) -> np.ndarray:
+    """`priorities` with every queued first segment (a response) raised above every resume,
+    each class keeping its own order (in place; returned for chaining)."""
+    priorities[view.segment_index == 0] += _RESPONSE_OFFSET
+    return priorities
+
+
+def preserve_within_share(pause: PauseInfo, kv_share: float) -> str:
+    """Preserve (keep the KV: the resume computes one token) while preserved pauses hold at
+    most `kv_share` of the KV cache; discard beyond (the resume recomputes the last partial
+    block, the prefix cache serves the rest while it holds it). Under KV pressure the engine
+    revokes preserves before it preempts anything running."""
+    ctx = pause.context
+    if ctx.engine is None:
+        return DISCARD
+    own = -(-pause.context_tokens // ctx.kv_block_size)
+    if ctx.engine.pinned_blocks() + own <= kv_share * ctx.kv_total_blocks:
+        return PRESERVE
+    return DISCARD
+
+
 class ResponseFirstAdmission(CandidateAdmission):
     """First segments whenever KV blocks and slots allow; resumes only while they do not slow
     the running first segments down (module docstring).
@@ -183,9 +204,7 @@ class WorkConservingTimelyPolicy(TimelyPolicy):
     preserve_kv_share: float = 0.5
 
     def priorities(self, view: QueueView, now: float) -> np.ndarray:
-        out = super().priorities(view, now)
-        out[view.segment_index == 0] += _RESPONSE_OFFSET
-        return out
+        return responses_first(super().priorities(view, now), view)
 
     def make_admission(self, ctx: SchedulerContext) -> AdmissionController | None:
         # Pricing a prefill needs the engine's cost profile (simulated engines; a real engine
@@ -200,14 +219,4 @@ class WorkConservingTimelyPolicy(TimelyPolicy):
                                       prefill_hold=hold)
 
     def pause_handling(self, pause: PauseInfo) -> str:
-        """Preserve (keep the KV: the resume computes one token) while preserved pauses hold
-        at most `preserve_kv_share` of the KV cache; discard beyond (the resume recomputes the
-        last partial block, the prefix cache serves the rest while it holds it). Under KV
-        pressure the engine revokes preserves before it preempts anything running."""
-        ctx = pause.context
-        if ctx.engine is None:
-            return DISCARD
-        own = -(-pause.context_tokens // ctx.kv_block_size)
-        if ctx.engine.pinned_blocks() + own <= self.preserve_kv_share * ctx.kv_total_blocks:
-            return PRESERVE
-        return DISCARD
+        return preserve_within_share(pause, self.preserve_kv_share)
