@@ -146,3 +146,20 @@ def assert_no_leaks(sch, eng):
 
 def states(task):
     return [s for s, _ in task.lifecycle.history]
+
+
+def urgent_beside_two_scenes(policy):
+    """One event after a warm-up task: an urgent drone (trace 1) and two normal tasks (trace 2),
+    each with a long scene of its own, under `policy` (a name or a Policy). Every task ends done
+    and nothing leaks; returns (the urgent task's response time, the normal ones')."""
+    scene = " ".join(f"object{i} at {i % 7} {i % 5} on the shelf" for i in range(250))
+    sch, eng, lis = make(policy)
+    # A planner that has run a while (holding a prefill needs a measured step time).
+    sch.submit(spec("warm", 1, eng))
+    drive(sch, eng, lis)
+    urgent = sch.submit(spec("u", 1, eng, level="urgent"))
+    normal = [sch.submit(spec(f"n{i}", 2, eng, scene=scene)) for i in range(2)]
+    drive(sch, eng, lis)
+    assert all(t.state == "done" for t in [urgent, *normal])
+    assert_no_leaks(sch, eng)
+    return urgent.response_time_s, [t.response_time_s for t in normal]

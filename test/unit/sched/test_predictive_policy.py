@@ -12,7 +12,7 @@ from timelyllm_ros.core.sched.interface import AdmissionPass, Candidate, Running
 from timelyllm_ros.core.sched.queue_view import QueueView, initial_row
 from timelyllm_ros.core.sched.step_model import StepTimeModel
 
-from fakes import LEVELS, assert_no_leaks, drive, make, spec, states
+from fakes import LEVELS, assert_no_leaks, drive, make, spec, states, urgent_beside_two_scenes
 
 POLICY = "timelyllm-pred"
 PROFILE = EngineProfile()
@@ -38,21 +38,8 @@ def test_a_lone_generation_runs_through_and_the_step_model_learns_from_its_steps
 def test_long_prefills_wait_for_an_urgent_task_that_arrives_with_them():
     """Three tasks of one event: an urgent drone and two normal tasks, each with a long scene of
     its own. Prefilled together (streaming), the urgent one waits for all three prompts."""
-    scene = " ".join(f"object{i} at {i % 7} {i % 5} on the shelf" for i in range(250))
-
-    def run(policy):
-        sch, eng, lis = make(policy)
-        sch.submit(spec("warm", 1, eng))
-        drive(sch, eng, lis)
-        urgent = sch.submit(spec("u", 1, eng, level="urgent"))
-        normal = [sch.submit(spec(f"n{i}", 2, eng, scene=scene)) for i in range(2)]
-        drive(sch, eng, lis)
-        assert all(t.state == "done" for t in [urgent, *normal])
-        assert_no_leaks(sch, eng)
-        return urgent.response_time_s, [t.response_time_s for t in normal]
-
-    held_urgent, held_normal = run(POLICY)
-    together_urgent, _ = run("vllm-stream")
+    held_urgent, held_normal = urgent_beside_two_scenes(POLICY)
+    together_urgent, _ = urgent_beside_two_scenes("vllm-stream")
     assert held_urgent < 0.75 * together_urgent, (held_urgent, together_urgent)
     assert max(held_normal) < LEVELS.get("normal").ert_s
 

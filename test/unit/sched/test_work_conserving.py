@@ -21,7 +21,7 @@ from timelyllm_ros.core.sched.interface import (AdmissionPass, Candidate, PauseI
 from timelyllm_ros.core.sched.queue_view import QueueView, initial_row, suspended_row
 from timelyllm_ros.core.tuf import TUF
 
-from fakes import LEVELS, assert_no_leaks, drive, make, spec, states
+from fakes import LEVELS, assert_no_leaks, drive, make, spec, states, urgent_beside_two_scenes
 
 NORMAL = LEVELS.get("normal")
 
@@ -371,19 +371,8 @@ def test_first_segments_are_measured_per_skill_set():
 def test_holding_long_prefills_gets_an_urgent_task_that_arrives_with_them_out_sooner():
     """Three tasks of one event arrive together: an urgent drone and two normal tasks, each with
     a long scene of its own. Prefilled together, the urgent one waits for all three prompts."""
-    scene = " ".join(f"object{i} at {i % 7} {i % 5} on the shelf" for i in range(250))
-
     def run(**params):
-        sch, eng, lis = make(get_policy(DEFAULT_POLICY, **params))
-        # A planner that has run a while (the hold needs a measured step time).
-        sch.submit(spec("warm", 1, eng))
-        drive(sch, eng, lis)
-        urgent = sch.submit(spec("u", 1, eng, level="urgent"))
-        normal = [sch.submit(spec(f"n{i}", 2, eng, scene=scene)) for i in range(2)]
-        drive(sch, eng, lis)
-        assert all(t.state == "done" for t in [urgent, *normal])
-        assert_no_leaks(sch, eng)
-        return urgent.response_time_s, [t.response_time_s for t in normal]
+        return urgent_beside_two_scenes(get_policy(DEFAULT_POLICY, **params))
 
     held_urgent, held_normal = run()
     together_urgent, together_normal = run(prefill_hold_share=None)
