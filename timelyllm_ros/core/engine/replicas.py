@@ -16,6 +16,12 @@ already with the scheduler and cannot be replayed elsewhere token for token); it
 *move*: their next run goes to another replica (a resume is a new request with the token ids, so
 only the prefix cache is lost, paid as a prefill there). New plans avoid it until a probe finds
 it healthy again. Nothing is kept for a dead replica's runs once they have failed or moved.
+
+The placement (`_route`, `_pick`, `_capacity`) is the one the simulated fleet inherits
+(`core.engine.sim.fleet.SimulatedFleet`, which runs its replicas in parallel in virtual time),
+so what `timelyllm fleet` measures is this router's placement. `_submit_to` and `_note_output`
+are the two points a subclass hooks: before a run goes to a replica, and for every output a
+replica produced.
 """
 
 from __future__ import annotations
@@ -146,8 +152,13 @@ class ReplicaEngine(PauselessEngine):
         return None if replica is None else replica.name
 
     # -- requests --------------------------------------------------------------------------
+    def _submit_to(self, replica: Replica) -> None:
+        """Called before a run is added to (or resumed on) `replica`; real servers need
+        nothing."""
+
     def add_request(self, request: EngineRequest) -> None:
         replica = self._route(request)
+        self._submit_to(replica)
         replica.engine.add_request(request)
         self._where[request.request_id] = replica
 
@@ -167,6 +178,7 @@ class ReplicaEngine(PauselessEngine):
     def resume_request(self, request_id: str, request: EngineRequest) -> None:
         replica = self._where.pop(request_id, None)
         if replica is not None and replica.up():
+            self._submit_to(replica)
             replica.engine.resume_request(request_id, request)
             self._where[request.request_id] = replica
             return
@@ -199,14 +211,18 @@ class ReplicaEngine(PauselessEngine):
                 continue
             batch += engine.num_running()
             for out in engine.step():
-                if out.finished:
-                    self._where.pop(out.request_id, None)
-                    self._task_home.pop(affinity_key(out.request_id), None)
-                    if out.finish_reason == "error":
-                        self.stats.failed_runs += 1
+                self._note_output(out)
                 outputs.append(out)
         self._last_timing = StepTiming(duration_s=time.perf_counter() - start, batch_size=batch)
         return outputs
+
+    def _note_output(self, out: EngineOutput) -> None:
+        """A finished run is no longer anywhere; its task's home is dropped with its plan."""
+        if out.finished:
+            self._where.pop(out.request_id, None)
+            self._task_home.pop(affinity_key(out.request_id), None)
+            if out.finish_reason == "error":
+                self.stats.failed_runs += 1
 
     # -- aggregate state -------------------------------------------------------------------
     def _live_engines(self) -> list[EngineAdapter]:
