@@ -102,6 +102,9 @@ class BenchConfig:
     max_overrun_s: float | None = None
     # Simulated engine: most running requests (vLLM's max_num_seqs); None = the engine default.
     max_num_seqs: int | None = None
+    # Simulated engine: this many replicas in parallel behind the replica router's placement
+    # (core/engine/sim/fleet.py), each with the profile's KV and `max_num_seqs` slots.
+    replicas: int = 1
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:
@@ -116,6 +119,12 @@ class BenchConfig:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or value < 1):
                 raise ValueError(f"{key}: must be an integer >= 1 or None, got {value!r}")
+        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) \
+                or self.replicas < 1:
+            raise ValueError(f"replicas: must be an integer >= 1, got {self.replicas!r}")
+        if self.replicas > 1 and self.engine != "sim":
+            raise ValueError(f"replicas: {self.replicas} simulated replicas need engine sim, not "
+                             f"{self.engine} (real servers: the planner's engine.replicas)")
         if not self.max_stall_s > 0:
             raise ValueError(f"max_stall_s: must be > 0, got {self.max_stall_s}")
         if self.max_overrun_s is not None and not self.max_overrun_s > 0:
@@ -164,6 +173,8 @@ class BenchConfig:
             out["profile"] = profile.name
             out["kv_blocks"] = profile.kv_total_blocks
             out["max_num_batched_tokens"] = profile.max_num_batched_tokens
+            if self.replicas > 1:  # (named only with several: the golden records predate it)
+                out["replicas"] = self.replicas
         else:
             out["model"] = self.model
         if self.policy_params:

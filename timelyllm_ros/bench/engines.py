@@ -33,9 +33,15 @@ def build_engine(config: BenchConfig, prefix_cache: bool = True,
                  policy: Policy | None = None) -> EngineAdapter:
     """A fresh engine for a replay; `prefix_cache=False` turns automatic prefix caching off. The
     policy's needs decide vLLM's scheduling policy and, on the simulated engine, the engine
-    variant (BROS's bidirectional KV blocks, MC-SF's clearing baselines)."""
+    variant (BROS's bidirectional KV blocks, MC-SF's clearing baselines). With
+    `config.replicas` > 1, that many simulated engines in parallel behind the replica router's
+    placement (core/engine/sim/fleet.py)."""
     needs = policy.engine_needs() if policy is not None else EngineNeeds()
-    return build_from_spec(engine_spec(config, prefix_cache), needs)
+    spec = engine_spec(config, prefix_cache)
+    if config.replicas > 1:
+        from timelyllm_ros.core.engine.sim.fleet import simulated_fleet
+        return simulated_fleet(lambda: build_from_spec(spec, needs), config.replicas)
+    return build_from_spec(spec, needs)
 
 
 class EnginePool:

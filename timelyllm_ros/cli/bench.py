@@ -158,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-blocks", type=int, default=None, metavar="N",
                    help="simulated engine: KV cache of N blocks instead of the profile's (how "
                         "much a policy's KV handling matters depends on the KV pressure)")
+    p.add_argument("--replicas", type=int, default=1, metavar="N",
+                   help="simulated engine: N engines in parallel behind the replica router's "
+                        "placement, each with the profile's KV (docs/fleet-scale.md)")
     p.add_argument("--model", default=None, help="local model directory (--engine vllm)")
     p.add_argument("--duration-s", type=float, default=None,
                    help="replay only the first S seconds of the workload")
@@ -314,7 +317,8 @@ def _bench_config(args: argparse.Namespace, profile, prompt_tokens: int | None,
                              baseline_prefix_cache=args.baseline_prefix_cache,
                              prompt_tokens=prompt_tokens, resume_lead_s=args.resume_lead_s,
                              gen_time_s=args.gen_time_s,
-                             robots=args.robots, evict_parked=not args.no_evict)
+                             robots=args.robots, evict_parked=not args.no_evict,
+                             replicas=args.replicas)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if scenario is not None:

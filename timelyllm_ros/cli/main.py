@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, str] = {
     "demo": "run the end-to-end demo: planner, two drones, three tasks",
     "profile": "measure the engine's latency and write its profile",
     "bench": "replay a workload under several policies and report utility / latency",
+    "fleet": "how many robots N simulated replicas serve, and the planner's cost per pass",
     "lrtrace": "record, fit, compose and replay robot timing traces",
     "submit": "send a PlanTask goal to the planner and follow it (Ctrl-C cancels)",
     "cancel": "cancel a task by id",
@@ -26,11 +27,12 @@ SUBCOMMANDS: dict[str, str] = {
     "plan": "dry-run a plan on a simulated robot (`timelyllm plan run PROGRAM`)",
     "soak": "run a fleet of simulated robots against the planner over ROS for minutes",
     "faults": "inject faults (planner kill, engine error, lost robot, overload) and tabulate",
+    "router-compare": "engine.replicas against vllm-router on two real vLLM workers",
 }
 
 
 def command_module(command: str) -> str:
-    return f"timelyllm_ros.cli.{command}"
+    return f"timelyllm_ros.cli.{command.replace('-', '_')}"
 
 
 def main(argv: list[str] | None = None) -> int:
