@@ -159,7 +159,7 @@ def test_per_task_budget_is_the_bound_and_bad_budgets_are_rejected():
     tuf = TUF(10.0, 0.2, 1.0)
     sched.submit(TaskSpec("ok", "chat_0", "chat-reply", "hello there", tuf, 0.0,
                           scripted_plan="One two three.", max_plan_tokens=4))
-    assert int(sched._queue.view().bound_tokens[0]) == 4
+    assert int(sched.state.queue.view().bound_tokens[0]) == 4
     with pytest.raises(TaskRejected, match="max_plan_tokens"):
         sched.submit(TaskSpec("bad", "chat_1", "chat-reply", "hello", tuf, 0.0,
                               max_plan_tokens=0))

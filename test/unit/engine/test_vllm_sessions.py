@@ -213,7 +213,7 @@ def test_the_scheduler_evicts_parked_sessions_for_urgent_tasks(engine):
         sch.submit(_task(engine, tid, i))
     robots = Robots(lambda tid, seg: 3.0 if tid.startswith("norm") else 0.05)
     drive(sch, engine, lis, robots=robots,
-          until=lambda s: sum(tid in s._paused for tid in ids) >= 3)
+          until=lambda s: sum(tid in s.state.paused for tid in ids) >= 3)
     generous = TUF(ert_s=120.0, slope_per_s=0.01, initial_utility=2.0)
     for i, tid in enumerate(["urgent-0", "urgent-1"]):
         sch.submit(TaskSpec(tid, f"robot_{tid}", "drone", list(TRACES.values())[4 + i].instruction,

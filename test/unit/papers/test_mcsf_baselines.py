@@ -262,14 +262,14 @@ def test_scheduler_admits_in_arrival_order_until_the_first_refusal():
     for tid, at in arrivals.items():
         sch.submit(dataclasses.replace(spec(tid, 1, eng), arrival_s=eng.now() - 1.0 + at))
     sch.tick()
-    running = [sch._running[rid].task_id for rid in sch.running_request_ids()]
+    running = [sch.state.running[rid].task_id for rid in sch.running_request_ids()]
     by_arrival = sorted(arrivals, key=arrivals.get)
     assert 0 < len(running) < len(by_arrival)
     assert running == by_arrival[:len(running)]
-    adm = sch._admission
+    adm = sch.admission.controller
     refused = sch.tasks[by_arrival[len(running)]]
-    cand = _cand(len(refused.prompt_ids), sch._shared_of[refused.task_id])
-    usage, size = adm.usage_and_size(sch._batch_state(eng.now()), cand)
+    cand = _cand(len(refused.prompt_ids), sch.state.shared_of[refused.task_id])
+    usage, size = adm.usage_and_size(sch.admission.batch_state(eng.now()), cand)
     assert usage + size > adm.budget_tokens
     assert adm.refusals == 1
 

@@ -118,7 +118,7 @@ def test_policy_with_batch_cap_and_resume_lead(name):
 def test_queue_size_columns_are_filled():
     sch, eng, lis = make("mcsf")
     task = sch.submit(spec("d1", 1, eng))
-    row = sch._queue.get(task.queue_slot)
+    row = sch.state.queue.get(task.queue_slot)
     drone = SKILL_SETS["drone"]
     assert row["task_seq"] == task.submit_index
     assert row["context_tokens"] == len(task.prompt_ids)
@@ -127,7 +127,7 @@ def test_queue_size_columns_are_filled():
     assert 0 < row["prefill_tokens"] < len(task.prompt_ids) // 2
     assert row["pause_s"] == 0.0  # no segment time known yet
     drive(sch, eng, lis, until=lambda s: s.tasks["d1"].state == "suspended")
-    row = sch._queue.get(task.queue_slot)
+    row = sch.state.queue.get(task.queue_slot)
     assert row["context_tokens"] == len(task.prompt_ids) + len(task.generated.token_ids)
     assert row["segment_index"] == 1 and row["prefill_tokens"] <= 16
     assert row["pause_s"] == pytest.approx(task.segments[0].estimated_execution_s)
@@ -194,7 +194,7 @@ def test_mcsf_never_exceeds_kv_capacity_on_tight_engine(name):
         # What MC-SF guarantees: the running batch fits the KV even with no block shared,
         # and the engine never has to preempt.
         held = sum(-(-(len(t.prompt_ids) + len(t.generated.token_ids)) // bs)
-                   for t in s._running.values())
+                   for t in s.state.running.values())
         peaks.append(held)
         preempted.extend(eng.last_step_timing().extra.get("preempted", []))
         return False
@@ -342,7 +342,7 @@ def _lamps_run(seconds, link=4e9, policy="lamps"):
         seen.append((pause, h))
         return h
     sch.policy.pause_handling = record
-    sch._hook_pause = True
+    sch.state.hooks = dataclasses.replace(sch.state.hooks, pause=True)
     # Resumed requests: prompt length, and the prompt tokens the engine found computed.
     resumed, cached = {}, {}
     orig_resume, orig_add, orig_step = eng.resume_request, eng.add_request, eng.step

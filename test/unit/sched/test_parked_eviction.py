@@ -46,10 +46,10 @@ def _two_parked(total_blocks, urgent=True, hold_slots=False, max_num_seqs=256, *
     eng = SessionEngine(profile, hold_slots=hold_slots, max_num_seqs=max_num_seqs)
     sch, eng, lis = make("timelyllm", engine=eng, resume_lead_s=0.1, **config)
     sch.submit(spec("a1", DRONES[0], eng))
-    drive(sch, eng, lis, until=lambda s: "a1" in s._paused)
+    drive(sch, eng, lis, until=lambda s: "a1" in s.state.paused)
     eng.advance_idle(sch.tasks["a1"].robot_free_at(0.0) - 0.6)
     sch.submit(spec("a2", DRONES[1], eng))
-    drive(sch, eng, lis, until=lambda s: "a2" in s._paused)
+    drive(sch, eng, lis, until=lambda s: "a2" in s.state.paused)
     b = sch.submit(spec("b", DRONES[2], eng, level="urgent" if urgent else "normal"))
     return sch, eng, lis, b
 
@@ -59,7 +59,7 @@ def _tight_kv():
     of its own; the system prompt's are shared): measured on a roomy engine."""
     sch, eng, _, b = _two_parked(1000)
     used = eng.kv_usage().total_blocks - eng.kv_usage().free_blocks
-    return used + sch._blocks_needed(b) - 2
+    return used + sch.admission.blocks_needed(b) - 2
 
 
 def test_an_urgent_admission_evicts_the_parked_generation_whose_robot_is_back_last():
@@ -75,7 +75,7 @@ def test_an_urgent_admission_evicts_the_parked_generation_whose_robot_is_back_la
     assert sch.evictions.recomputed_tokens > 0
     assert b.response_time_s < 0.5
     assert all(t.state == "done" for t in sch.tasks.values())
-    assert sch._evicted == {}
+    assert sch.state.evicted == {}
     assert_no_leaks(sch, eng)
 
 
@@ -101,18 +101,18 @@ def test_eviction_can_be_switched_off():
 def test_the_plan_skips_victims_ranked_above_and_refuses_what_cannot_make_room():
     sch, eng, _, b = _two_parked(_tight_kv())
     now, free = eng.now(), eng.kv_usage().free_blocks
-    assert sch._eviction_plan("b", 2, 0, set(), now, free).task_ids == ("a2",)
+    assert sch.parked.eviction_plan("b", 2, 0, set(), now, free).task_ids == ("a2",)
     # a2 was refused earlier in this walk: it ranks above b and is no victim.
-    assert sch._eviction_plan("b", 2, 0, {"a2"}, now, free).task_ids == ("a1",)
+    assert sch.parked.eviction_plan("b", 2, 0, {"a2"}, now, free).task_ids == ("a1",)
     # Both together free 4 blocks: a plan for 5 would evict for nothing.
-    assert sch._eviction_plan("b", 5, 0, set(), now, free) is None
-    assert sch._eviction_plan("b", 0, 0, set(), now, free) is None
+    assert sch.parked.eviction_plan("b", 5, 0, set(), now, free) is None
+    assert sch.parked.eviction_plan("b", 0, 0, set(), now, free) is None
 
 
 def test_a_hopeless_candidate_evicts_nothing():
     sch, eng, _, b = _two_parked(_tight_kv())
     eng.advance_idle(b.spec.arrival_s + b.spec.tuf.ert_s)  # its deadline has passed
-    assert sch._eviction_plan("b", 2, 0, set(), eng.now(), eng.kv_usage().free_blocks) is None
+    assert sch.parked.eviction_plan("b", 2, 0, set(), eng.now(), eng.kv_usage().free_blocks) is None
 
 
 @pytest.mark.parametrize("hold_slots, evicts", [(True, True), (False, False)])

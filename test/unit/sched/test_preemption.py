@@ -56,7 +56,7 @@ def _run(displace: bool):
     engine = _tight_engine()
     sch, eng, lis = make(policy, engine=engine)
     sch.policy.displace_be = displace
-    sch._admission.displaces = displace  # the controller read it when it was built
+    sch.admission.controller.displaces = displace  # the controller read it when it was built
     for i in range(2):
         sch.submit(_chat(f"be{i}", eng, offset=1000 * (i + 1)))
     drive(sch, eng, lis, until=lambda s: all(
@@ -113,7 +113,7 @@ def test_grammar_language_restarts_the_statement_in_progress():
     drive(sch, eng, lis, until=lambda s: task.state == "generating"
           and len(task.generated.pending_text) >= 2)
     kept_before = task.generated.consumed
-    sch._preempt(task, eng.now())
+    sch.book.preempt(task, eng.now())
     assert task.state == "queued" and task.engine_request_id is None
     # A grammar can only be entered at a statement boundary: the partial statement is gone.
     assert task.generated.text + task.owed_text == plan[:kept_before]

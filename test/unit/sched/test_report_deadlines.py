@@ -14,7 +14,7 @@ def _scan(sch):
     """The scan the heap replaces: (earliest deadline, tasks overdue at `now`, in order)."""
     now = sch.engine.now()
     deadlines, overdue = [], []
-    for task in sch._active.values():
+    for task in sch.state.active.values():
         s = first_unreported(task)
         if s is not None:
             deadlines.append(s.report_deadline_s)
@@ -41,7 +41,7 @@ def test_heap_answers_as_the_scan_does_through_a_run_with_slow_and_silent_robots
     def check(s):
         earliest, overdue = _scan(s)
         assert s.next_timer_s() == earliest
-        assert [t.task_id for t in s._deadlines.overdue(s.engine.now())] == overdue
+        assert [t.task_id for t in s.state.deadlines.overdue(s.engine.now())] == overdue
         checks["n"] += 1
         return False
 

@@ -105,10 +105,10 @@ def test_over_long_instruction_is_rejected_at_exactly_the_budget():
     sch, eng, lis = make()
     drone = SKILL_SETS["drone"]
     budget = eng.max_model_len() - drone.max_plan_tokens
-    base = len(sch._prompt_ids(drone, "go"))
+    base = len(sch.book.prompt_ids(drone, "go"))
     # The simulated tokenizer makes every " x" one token.
     fits = "go" + " x" * (budget - base)
-    assert len(sch._prompt_ids(drone, fits)) == budget
+    assert len(sch.book.prompt_ids(drone, fits)) == budget
     task = sch.submit(TaskSpec("fits", "r1", "drone", fits, LEVELS.get("normal"), eng.now(),
                                "normal", scripted_plan="tk;mf,100;ld;"))
     assert task.state == "queued"
@@ -320,7 +320,7 @@ def test_early_reports_keep_things_consistent(policy):
                 sch.on_report(tid, seg.sequence, t - 0.001, t, True)
                 task = sch.tasks[tid]
                 if task.queue_slot is not None:
-                    seen_reference.append((sch._queue.get(task.queue_slot)["reference_s"], t))
+                    seen_reference.append((sch.state.queue.get(task.queue_slot)["reference_s"], t))
 
     drive(sch, eng, lis, Eager())
     for tid, trace in (("t", 10), ("u", 7)):

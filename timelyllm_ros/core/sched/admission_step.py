@@ -13,98 +13,84 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
 from typing import Collection
 
 import numpy as np
 
-from timelyllm_ros.core.engine.base import PRESERVE, EngineAdapter, EngineRequest
+from timelyllm_ros.core.engine.base import PRESERVE, EngineRequest
 from timelyllm_ros.core.generation import resume_regex
-from timelyllm_ros.core.sched.admission import TokenRateMeter
 from timelyllm_ros.core.sched.interface import (AdmissionController, AdmissionPass, Candidate,
-                                                GenerationInfo, Gate, Policy, RunningGen,
-                                                SchedulerContext)
+                                                CandidateAdmission, Gate, GenerationInfo,
+                                                RunningGen)
 from timelyllm_ros.core.sched.parked import EvictionPlan, ParkedEviction
-from timelyllm_ros.core.sched.queue_view import QueueArrays, QueueView
+from timelyllm_ros.core.sched.preserved_blocks import PreservedBlocks
+from timelyllm_ros.core.sched.queue_view import QueueView
 from timelyllm_ros.core.sched.sizes import bound_of, context_of, is_complete_program, plan_budget
+from timelyllm_ros.core.sched.state import Contention, SchedulerState
+from timelyllm_ros.core.sched.task_book import TaskBook, deadline_of
 from timelyllm_ros.core.skills.skillset import SkillSet
 from timelyllm_ros.core.task import TaskRecord
 
 log = logging.getLogger("timelyllm.scheduler")
 
 
-@dataclass
-class Contention:
-    """The last admission pass left eligible generations waiting: the best refused one's
-    priority, and how many were refused. A running generation of lower priority is worth
-    suspending at its next segment boundary (`Policy.suspend_when == "contended"`)."""
+class AdmissionStep:
+    """Which queued generations start before each engine step (module docstring).
 
-    best_refused_priority: float
-    refused: int
-    # Running generations the admission controller asked to suspend at their next boundary,
-    # by key (`CandidateAdmission.yield_keys`), whatever their priority.
-    yield_keys: frozenset = frozenset()
+    Built with what it works on: the scheduler's state, the task transitions (`book`), the
+    eviction of parked generations (`parked`), the admission controller and the policy's gate
+    (None without one)."""
 
+    def __init__(self, state: SchedulerState, book: TaskBook, parked: ParkedEviction,
+                 controller: AdmissionController, gate: Gate | None):
+        self.state = state
+        self.book = book
+        self.parked = parked
+        self.controller = controller
+        self.candidate_aware = isinstance(controller, CandidateAdmission)
+        self.gate = gate
 
-class AdmissionStep(ParkedEviction):
-    """Mixin of `SegmentScheduler` (core.sched.scheduler), which owns the state declared here."""
-
-    engine: EngineAdapter
-    policy: Policy
-    context: SchedulerContext
-    tasks: dict[str, TaskRecord]
-    fetch_overhead_s: list[float]
-    gate_holds: int
-    _queue: QueueArrays
-    _admission: AdmissionController
-    _candidate_aware: bool
-    _gate: Gate | None
-    _rate: TokenRateMeter
-    _running: dict[str, TaskRecord]
-    _run_bound: dict[str, int]
-    _paused: dict[str, tuple[str, str]]
-    _shared_of: dict[str, int]
-    _hook_admitted: bool
-    _hook_service_class: bool
-    _contention: "Contention | None"
-
-    def _admit(self, now: float) -> None:
-        self._contention = None
+    def admit(self, now: float) -> None:
+        """One admission pass; then, for a work-conserving policy, what the running batch
+        should yield at its next segment boundaries (`SchedulerState.contention`)."""
+        state = self.state
+        state.contention = None
         self._admit_queued(now)
-        if self._running and self._candidate_aware and self.policy.suspend_when == "contended":
-            batch = self._batch_state(now)
-            bar = self._admission.yield_below(batch, now, self._rate.rate)
+        if state.running and self.candidate_aware and state.policy.suspend_when == "contended":
+            batch = self.batch_state(now)
+            bar = self.controller.yield_below(batch, now, state.rate.rate)
             if bar is not None:
-                c = self._contention
-                self._contention = Contention(
+                c = state.contention
+                state.contention = Contention(
                     bar if c is None else max(bar, c.best_refused_priority),
-                    len(self._running) + (0 if c is None else c.refused))
-            named = self._admission.yield_keys(batch, now)
+                    len(state.running) + (0 if c is None else c.refused))
+            named = self.controller.yield_keys(batch, now)
             if named:
-                c = self._contention
-                self._contention = Contention(
+                c = state.contention
+                state.contention = Contention(
                     -math.inf if c is None else c.best_refused_priority,
                     0 if c is None else c.refused, frozenset(named))
 
     def _admit_queued(self, now: float) -> None:
-        if not len(self._queue):
+        state = self.state
+        if not len(state.queue):
             return
         started = time.perf_counter()
-        if self.policy.hopeless == "shed":
+        if state.policy.hopeless == "shed":
             self._shed_hopeless(now)
-            if not len(self._queue):
+            if not len(state.queue):
                 self._record_overhead(started)
                 return
-        view = self._queue.view()
-        priorities = np.asarray(self.policy.priorities(view, now), dtype=float)
+        view = state.queue.view()
+        priorities = np.asarray(state.policy.priorities(view, now), dtype=float)
         # Highest priority first; equal priorities in submission order. (Queue rows are not in
         # submission order: removal moves the last row into the hole. A plain reversed argsort
         # served ties last-submitted first, so FCFS admitted simultaneous arrivals backwards.)
         submitted = view.task_seq
         order = np.lexsort((submitted, -priorities))
         eligible_from = None
-        if self.config.resume_lead_s is not None:
-            eligible_from = view.reference_s - self.config.resume_lead_s
+        if state.config.resume_lead_s is not None:
+            eligible_from = view.reference_s - state.config.resume_lead_s
         if eligible_from is None:
             rows = order
         else:
@@ -112,19 +98,19 @@ class AdmissionStep(ParkedEviction):
             rows = order[mask]
         if not len(rows):
             self._record_overhead(started)
-            if self._hook_admitted:
-                self.policy.on_admitted([], now)
+            if state.hooks.admitted:
+                state.policy.on_admitted([], now)
             return
-        if self._gate is not None and self._gate.decide(
-                view.prefill_tokens[rows], len(self._running)) != "prefill":
-            self.gate_holds += 1
-            self._contention = Contention(float(priorities[rows[0]]), len(rows))
+        if self.gate is not None and self.gate.decide(
+                view.prefill_tokens[rows], len(state.running)) != "prefill":
+            state.stats.gate_holds += 1
+            state.contention = Contention(float(priorities[rows[0]]), len(rows))
             self._record_overhead(started)
-            if self._hook_admitted:
-                self.policy.on_admitted([], now)
+            if state.hooks.admitted:
+                state.policy.on_admitted([], now)
             return
-        if self._candidate_aware:
-            admitted = self._admit_candidates(view, rows, self._queue.keys_at(rows), now,
+        if self.candidate_aware:
+            admitted = self._admit_candidates(view, rows, state.queue.keys_at(rows), now,
                                               started, priorities)
         else:
             self._record_overhead(started)
@@ -133,67 +119,71 @@ class AdmissionStep(ParkedEviction):
             # (rebuilding them for every candidate cost O(batch) per candidate), and not at all
             # for a controller that does not read them. The controller gets a copy: it may keep
             # what it is given.
-            reads_running = self._admission.reads_running
+            reads_running = self.controller.reads_running
             budgets = self._running_budgets(now) if reads_running else []
-            rate = self._rate.rate
+            rate = state.rate.rate
             # Keys as of now (admissions reorder the rows), looked up only for the rows the walk
             # reaches: it usually stops after a few of a queue that may hold thousands.
-            row_keys = self._queue.keys_column()
+            row_keys = state.queue.keys_column()
             walk = rows.tolist()
             for i, row in enumerate(walk):
-                task = self.tasks[row_keys[row]]
-                need, free = self._blocks_needed(task), self._free_blocks()
+                task = state.tasks[row_keys[row]]
+                need, free = self.blocks_needed(task), self.free_blocks()
                 # (Refusal ends this walk, so no parked generation ranks above this one.)
                 plan = self._room_for(task, need, (), now)
                 if plan is not None:
                     free = max(free, plan.free_after)
-                ok, _why = self._admission.may_admit(list(budgets), rate, free, need)
+                ok, _why = self.controller.may_admit(list(budgets), rate, free, need)
                 if ok and plan is not None:
-                    self._carry_out(plan, now)
+                    self.parked.carry_out(plan, now)
                 if not ok:
-                    self._contention = Contention(float(priorities[row]), len(walk) - i)
+                    state.contention = Contention(float(priorities[row]), len(walk) - i)
                     break
                 self._start(task, now)
-                self._admission.note_admission()
+                self.controller.note_admission()
                 admitted.append(task.submit_index)
                 if reads_running and task.engine_request_id is not None:  # (it may be refused)
                     budgets.append(self._budget_of(task, now))
-        if admitted and self._gate is not None:
-            self._gate.note_prefill()
-        if self._hook_admitted:
-            self.policy.on_admitted(admitted, now)
+        if admitted and self.gate is not None:
+            self.gate.note_prefill()
+        if state.hooks.admitted:
+            state.policy.on_admitted(admitted, now)
 
     def _shed_hopeless(self, now: float) -> None:
         """Refuse every queued first segment whose utility can no longer be positive: whenever it
         is served, its response comes after the TUF's cut-off (arrival + ERT + U0/k). It counts
         as answered now, by the refusal, with the utility its TUF gives now (<= 0)."""
-        view = self._queue.view()
+        state = self.state
+        view = state.queue.view()
         first = view.segment_index == 0
         if not first.any():
             return
         cutoff = view.arrival_s + view.task_ert_s + view.initial_utility / view.slope
         hopeless = np.flatnonzero(first & (cutoff <= now))
-        for key in self._queue.keys_at(hopeless):
-            task = self.tasks[key]
+        for key in state.queue.keys_at(hopeless):
+            task = state.tasks[key]
             waited = now - task.spec.arrival_s
-            task.response_time_s = waited + self.config.network_latency_s
+            task.response_time_s = waited + state.config.network_latency_s
             task.utility = float(task.spec.tuf.utility(task.response_time_s))
-            self.shed += 1
-            self._finish(task, "shed", (
+            state.stats.shed += 1
+            self.book.finish(task, "shed", (
                 f"overload: shed after waiting {waited:.2f} s in the queue; its utility can no "
                 f"longer be positive (cut-off {task.spec.tuf.cutoff_s:.2f} s after arrival)"), now)
 
     def _record_overhead(self, started: float) -> None:
-        self.fetch_overhead_s.append(time.perf_counter() - started)
-        if len(self.fetch_overhead_s) > 2 * self.config.overhead_history:
-            del self.fetch_overhead_s[:-self.config.overhead_history]
+        overheads = self.state.stats.fetch_overhead_s
+        overheads.append(time.perf_counter() - started)
+        history = self.state.config.overhead_history
+        if len(overheads) > 2 * history:
+            del overheads[:-history]
 
     def _admit_candidates(self, view: QueueView, rows: np.ndarray, keys: list, now: float,
                           started: float, priorities: np.ndarray) -> list[int]:
         """The admission walk for candidate-aware controllers (MC-SF look-ahead, BROS, ...)."""
-        batch = self._batch_state(now)
-        free = self._free_blocks()
-        block_size = self.context.kv_block_size
+        state = self.state
+        batch = self.batch_state(now)
+        free = self.free_blocks()
+        block_size = state.context.kv_block_size
         # The candidates' columns as lists, in walk order, taken before admissions below
         # reorder the queue's rows. A queued generation's row holds its context and bound
         # (written when it was queued; neither changes while it waits), so the walk reads them
@@ -207,19 +197,15 @@ class AdmissionStep(ParkedEviction):
         seg_index = view.segment_index[rows].tolist()
         urgent = view.is_urgent[rows].tolist()
         task_seq = view.task_seq[rows].tolist()
-        admission = self._admission
-        preserved = {}
-        if admission.reads_preserved_blocks and self._paused:
-            for key in self._paused:
-                task = self.tasks[key]
-                held = self._preserved_blocks(task, context_of(task))
-                if held:
-                    preserved[key] = held
-        admission.begin_pass(AdmissionPass(now, view, rows, keys, list(batch), free, block_size,
-                                           self._rate.rate, preserved))
+        admission = self.controller
+        tasks, shared_of, paused = state.tasks, state.shared_of, state.paused
+        # Read when first asked, and by the walk until it changes the engine (preserved_blocks.py).
+        preserved = PreservedBlocks(paused, self._preserved_blocks_of)
+        admission.begin_pass(AdmissionPass(
+            now, view, rows, keys, list(batch), free, block_size, state.rate.rate,
+            preserved if admission.reads_preserved_blocks else {}))
         self._record_overhead(started)
         admitted = []
-        tasks, shared_of, paused = self.tasks, self._shared_of, self._paused
         refused_parked: set[str] = set()
         shortlist = admission.shortlist()
         for j, task_id in enumerate(keys):
@@ -230,7 +216,7 @@ class AdmissionStep(ParkedEviction):
             task = tasks[task_id]
             need = needs[j]
             if paused and task_id in paused:
-                need -= self._preserved_blocks(task, context[j])
+                need -= preserved.current(task_id)
             tuf = task.spec.tuf
             cand = Candidate(task_id, task_seq[j], context[j], bounds[j], prefill[j], need,
                              deadlines[j], urgent[j], seg_index[j], task.spec.skill_set,
@@ -239,26 +225,29 @@ class AdmissionStep(ParkedEviction):
             ok, _why = admission.may_admit_candidate(
                 batch, cand, free if plan is None else max(free, plan.free_after))
             if ok and plan is not None:
-                self._carry_out(plan, now)
-                free = self._free_blocks()
+                preserved.seal()
+                self.parked.carry_out(plan, now)
+                free = self.free_blocks()
             if not ok:
                 victims = admission.displacement_for(batch, cand, free)
                 if victims:
+                    preserved.seal()
                     for key in victims:
-                        self._preempt(self.tasks[key], now)
+                        self.book.preempt(tasks[key], now)
                     gone = set(victims)
                     batch = [g for g in batch if g.key not in gone]
-                    free = self._free_blocks()
+                    free = self.free_blocks()
                     ok, _why = admission.may_admit_candidate(batch, cand, free)
             if not ok:
-                if self._contention is None:
-                    self._contention = Contention(float(priorities[rows[j]]), 0)
-                self._contention.refused += 1
+                if state.contention is None:
+                    state.contention = Contention(float(priorities[rows[j]]), 0)
+                state.contention.refused += 1
                 if paused and task_id in paused:  # it ranks above everything after it
                     refused_parked.add(task_id)
                 if admission.skip_refused:
                     continue
                 break
+            preserved.seal()
             self._start(task, now)
             admission.note_admission()
             if task.engine_request_id is not None:
@@ -274,67 +263,73 @@ class AdmissionStep(ParkedEviction):
                   now: float) -> EvictionPlan | None:
         """Parked generations to evict for this admission (parked.py), None if none is needed
         or none helps. Only an urgent task evicts, so every other candidate of the walk costs
-        one test. Reckoned on the blocks really free: `_free_blocks` counts pinned blocks as
+        one test. Reckoned on the blocks really free: `free_blocks` counts pinned blocks as
         free when nothing runs, and the engine's own revocation (oldest first) then chooses."""
-        if not self._paused or not task.spec.is_urgent or not self.config.evict_parked:
+        state = self.state
+        if not state.paused or not task.spec.is_urgent or not state.config.evict_parked:
             return None
-        free = self.engine.kv_usage().free_blocks
-        return self._eviction_plan(task.task_id, need - free, self._parked_hold_slots(),
-                                   ranked_above, now, free)
+        free = state.engine.kv_usage().free_blocks
+        return self.parked.eviction_plan(task.task_id, need - free,
+                                         self.parked.parked_hold_slots(), ranked_above, now, free)
 
-    def _batch_state(self, now: float) -> list[RunningGen]:
+    def batch_state(self, now: float) -> list[RunningGen]:
+        """The running batch, as candidate-aware admission controllers see it."""
+        run_bound, shared_of = self.state.run_bound, self.state.shared_of
         out = []
-        for rid, task in self._running.items():
+        for rid, task in self.state.running.items():
             tuf = task.spec.tuf
             out.append(RunningGen(task.task_id, context_of(task), task.tokens_this_run,
-                                  self._run_bound.get(rid, 0), self._deadline_of(task, now),
+                                  run_bound.get(rid, 0), deadline_of(task, now),
                                   task.spec.is_urgent, task.spec.skill_set,
-                                  self._shared_of.get(task.task_id, 0), len(task.segments),
+                                  shared_of.get(task.task_id, 0), len(task.segments),
                                   tuf.initial_utility, tuf.slope_per_s))
         return out
 
-    def _deadline_of(self, task: TaskRecord, now: float) -> float:
-        if not task.segments:
-            return task.spec.arrival_s + task.spec.tuf.ert_s
-        return task.robot_free_at(now)
-
-    def _free_blocks(self) -> int:
-        free = self.engine.kv_usage().free_blocks
-        if not self._running and self._paused:
+    def free_blocks(self) -> int:
+        engine = self.state.engine
+        free = engine.kv_usage().free_blocks
+        if not self.state.running and self.state.paused:
             # With nothing running the engine revokes preserved pauses for a waiting request
             # (else it could wait for ever on blocks that only a queued generation would free).
-            free += self.engine.pinned_blocks()
+            free += engine.pinned_blocks()
         return free
 
     def _running_budgets(self, now: float) -> list[tuple[int, float, int]]:
-        return [self._budget_of(task, now) for task in self._running.values()]
+        return [self._budget_of(task, now) for task in self.state.running.values()]
 
     def _budget_of(self, task: TaskRecord, now: float) -> tuple[int, float, int]:
         # (tokens so far, remaining budget, this generation's own segment bound): in a mixed
         # fleet a drone segment is bounded by 10 tokens, a chat one by 60.
-        bound = self._run_bound.get(task.engine_request_id)
+        bound = self.state.run_bound.get(task.engine_request_id)
         if bound is None:
-            bound = self._skill_set_of(task.spec).max_segment_tokens
-        return task.tokens_this_run, self._deadline_of(task, now) - now, bound
+            bound = self.book.skill_set_of(task.spec).max_segment_tokens
+        return task.tokens_this_run, deadline_of(task, now) - now, bound
 
-    def _blocks_needed(self, task: TaskRecord) -> int:
-        bs = self.context.kv_block_size
+    def blocks_needed(self, task: TaskRecord) -> int:
+        bs = self.state.context.kv_block_size
         context = context_of(task)
-        tokens = context + bound_of(task, self._skill_set_of(task.spec))
-        return -(-tokens // bs) - self._preserved_blocks(task, context)
+        tokens = context + bound_of(task, self.book.skill_set_of(task.spec))
+        return -(-tokens // bs) - self.preserved_blocks(task, context)
 
-    def _preserved_blocks(self, task: TaskRecord, context: int) -> int:
+    def preserved_blocks(self, task: TaskRecord, context: int) -> int:
         """Blocks a preserved pause of `task` still holds in the engine (its full blocks)."""
-        paused = self._paused.get(task.task_id)
+        paused = self.state.paused.get(task.task_id)
         if paused is not None and paused[1] == PRESERVE:
-            if self.engine.paused_handling(paused[0]) == PRESERVE:
-                return max(0, context - 1) // self.context.kv_block_size
+            if self.state.engine.paused_handling(paused[0]) == PRESERVE:
+                return max(0, context - 1) // self.state.context.kv_block_size
         return 0
 
+    def _preserved_blocks_of(self, task_id: str) -> int:
+        task = self.state.tasks[task_id]
+        return self.preserved_blocks(task, context_of(task))
+
     def _start(self, task: TaskRecord, now: float) -> None:
-        self._queue.remove(task.queue_slot)
+        """Submit `task`'s next run to the engine: a fresh plan, a discarded generation with
+        its token ids (the prefix cache serves its full blocks), or a paused one in place."""
+        state = self.state
+        state.queue.remove(task.queue_slot)
         task.queue_slot = None
-        skill_set = self._skill_set_of(task.spec)
+        skill_set = self.book.skill_set_of(task.spec)
         # One regex per skill set (the statement limit is enforced here, not in the grammar):
         # vLLM compiles each distinct grammar once, and a compile costs seconds on a small CPU.
         program = skill_set.output_regex()
@@ -360,29 +355,29 @@ class AdmissionStep(ParkedEviction):
             scripted_text=scripted,
             service_class=self._service_class(task, skill_set, now),
         )
-        paused = self._paused.get(task.task_id)
+        paused = state.paused.get(task.task_id)
         try:
             if paused is not None:
-                self.engine.resume_request(paused[0], request)
-                del self._paused[task.task_id]
+                state.engine.resume_request(paused[0], request)
+                del state.paused[task.task_id]
             else:
-                self.engine.add_request(request)
+                state.engine.add_request(request)
         except Exception as err:  # noqa: BLE001 - the engine refused it; the task cannot run
             log.warning("engine refused request %s: %s", request_id, err)
-            self._finish(task, "fail", f"engine refused the generation: {err}", now)
+            self.book.finish(task, "fail", f"engine refused the generation: {err}", now)
             return
         task.engine_request_id = request_id
-        self._run_bound[request_id] = bound_of(task, skill_set)
+        state.run_bound[request_id] = bound_of(task, skill_set)
         task.tokens_this_run = 0
         task.run_started_s = now
-        self._running[request_id] = task
+        state.running[request_id] = task
         task.lifecycle.admit(now)
-        self._emit(task)
+        self.book.emit(task)
 
     def _service_class(self, task: TaskRecord, skill_set: SkillSet, now: float) -> str | None:
-        if not self._hook_service_class:
+        if not self.state.hooks.service_class:
             return None
-        return self.policy.service_class(GenerationInfo(
+        return self.state.policy.service_class(GenerationInfo(
             task_id=task.task_id, is_urgent=task.spec.is_urgent,
-            deadline_s=self._deadline_of(task, now), bound_tokens=bound_of(task, skill_set),
+            deadline_s=deadline_of(task, now), bound_tokens=bound_of(task, skill_set),
             context_tokens=context_of(task), skill_set=skill_set.name), now)

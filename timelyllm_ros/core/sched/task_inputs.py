@@ -10,29 +10,21 @@ import math
 import numbers
 from typing import Any, Mapping
 
-from timelyllm_ros.core.engine.base import EngineAdapter
-from timelyllm_ros.core.exec_model import ExecutionTimeModel
 from timelyllm_ros.core.sched.observations import observation_text
-from timelyllm_ros.core.sched.queue_view import QueueArrays
-from timelyllm_ros.core.sched.report_deadlines import ReportDeadlines
-from timelyllm_ros.core.sched.robot_timeline import RobotTimelines
 from timelyllm_ros.core.sched.sizes import context_of
+from timelyllm_ros.core.sched.state import SchedulerState
+from timelyllm_ros.core.sched.task_book import TaskBook
 from timelyllm_ros.core.task import TaskRecord, TaskSpec
 from timelyllm_ros.core.tuf import TUF
 
 
 class TaskInputs:
-    """Mixin of `SegmentScheduler` (core.sched.scheduler), which owns the state declared here
-    and the helpers these methods call (`_finish`, `_requeue`, `_maybe_complete`, `_emit`,
-    `_note_segment_time`)."""
+    """Reports, TUF updates and cancels (module docstring), over the scheduler's state, with
+    the task transitions (`book`)."""
 
-    engine: EngineAdapter
-    exec_model: ExecutionTimeModel
-    config: Any
-    tasks: dict[str, TaskRecord]
-    _queue: QueueArrays
-    _robots: RobotTimelines
-    _deadlines: ReportDeadlines
+    def __init__(self, state: SchedulerState, book: TaskBook):
+        self.state = state
+        self.book = book
 
     def on_report(self, task_id: str, sequence: int, started_s: float, finished_s: float,
                   success: bool, message: str = "", returned: bool = False,
@@ -47,7 +39,8 @@ class TaskInputs:
         will run, so the generation stops (engine request aborted, KV and queue entry freed)
         and the task ends `done` with the reason "returned", instead of generating segments
         that would never run."""
-        task = self.tasks.get(task_id)
+        state = self.state
+        task = state.tasks.get(task_id)
         if task is None:
             raise KeyError(f"task_id: no task {task_id!r}")
         if isinstance(sequence, bool) or not isinstance(sequence, numbers.Integral) \
@@ -68,34 +61,34 @@ class TaskInputs:
             return
         started_s, finished_s = float(started_s), float(finished_s)
         segment.started_s, segment.finished_s, segment.success = started_s, finished_s, success
-        self._robots.settled(task.spec.robot_id, [segment])
+        state.robots.settled(task.spec.robot_id, [segment])
         if success and segment.calls:
-            self.exec_model.observe_segment(segment.calls, finished_s - started_s)
-            self._note_segment_time(task.spec.skill_set, finished_s - started_s, observed=True)
-        now = self.engine.now()
+            state.exec_model.observe_segment(segment.calls, finished_s - started_s)
+            self.book.note_segment_time(task.spec.skill_set, finished_s - started_s, observed=True)
+        now = state.engine.now()
         if not success:
-            self._finish(task, "fail", f"robot {task.spec.robot_id} reported failure of segment "
-                                       f"{sequence}: {message or 'no message'}", now)
+            self.book.finish(task, "fail", f"robot {task.spec.robot_id} reported failure of "
+                                           f"segment {sequence}: {message or 'no message'}", now)
             return
         if returned:
-            self._finish(task, "end_early", f"returned: the plan ended at segment {sequence}"
-                                            + (f" ({message})" if message else ""), now)
+            self.book.finish(task, "end_early", f"returned: the plan ended at segment {sequence}"
+                                                + (f" ({message})" if message else ""), now)
             return
         if values:
             segment.values = dict(values)
         if task.awaiting_report == segment.sequence:
             self._resume_with_report(task, segment, now)
         # Everything still queued on this robot (any task) now starts from the reported finish.
-        moved = self._robots.reschedule(task.spec.robot_id, finished_s,
-                                        self.config.network_latency_s)
-        self._deadlines.note(task)  # its next segment is now the one to wait for
+        moved = state.robots.reschedule(task.spec.robot_id, finished_s,
+                                        state.config.network_latency_s)
+        state.deadlines.note(task)  # its next segment is now the one to wait for
         for other in moved:
-            self._deadlines.note(other)
-        if task.queue_slot is not None and task.queue_slot in self._queue:
+            state.deadlines.note(other)
+        if task.queue_slot is not None and task.queue_slot in state.queue:
             # The reported finish replaces the estimate as the suspended generation's reference.
-            self._queue.update(task.queue_slot, reference_s=task.robot_free_at(now))
-        self._maybe_complete(task, now)
-        self._emit(task)
+            state.queue.update(task.queue_slot, reference_s=task.robot_free_at(now))
+        self.book.maybe_complete(task, now)
+        self.book.emit(task)
 
     def _resume_with_report(self, task: TaskRecord, segment, now: float) -> None:
         """The report a suspended generation waited for: append it, then queue the generation."""
@@ -104,8 +97,8 @@ class TaskInputs:
         if segment.values:
             text = observation_text(segment.values)
             task.observations.append((len(task.generated.token_ids),
-                                      tuple(self.engine.tokenize(text))))
-        self._requeue(task, now, computed=computed)
+                                      tuple(self.state.engine.tokenize(text))))
+        self.book.requeue(task, now, computed=computed)
 
     def update_tuf(self, task_id: str, tuf: TUF, urgency: str) -> TaskSpec:
         """Give a live task a new TUF (and urgency label); the next priority computation uses
@@ -113,25 +106,25 @@ class TaskInputs:
         the new ERT for a first segment (a suspended generation keeps ERT 0, §4.2). A response
         already given keeps the utility it earned. KeyError for an unknown task, ValueError for
         a finished one (both name `task_id`)."""
-        task = self.tasks.get(task_id)
+        task = self.state.tasks.get(task_id)
         if task is None:
             raise KeyError(f"task_id: unknown task {task_id!r}")
         if task.lifecycle.is_terminal:
             raise ValueError(f"task_id: task {task_id!r} already ended ({task.state})")
         task.spec = dataclasses.replace(task.spec, tuf=tuf, urgency=urgency or "custom")
-        slot = task.queue_slot
-        if slot is not None and slot in self._queue:
-            first = int(self._queue.get(slot)["segment_index"]) == 0
-            self._queue.update(slot, ert_s=tuf.ert_s if first else 0.0, slope=tuf.slope_per_s,
-                               initial_utility=tuf.initial_utility, task_ert_s=tuf.ert_s,
-                               is_urgent=task.spec.is_urgent)
-        self._emit(task)
+        slot, queue = task.queue_slot, self.state.queue
+        if slot is not None and slot in queue:
+            first = int(queue.get(slot)["segment_index"]) == 0
+            queue.update(slot, ert_s=tuf.ert_s if first else 0.0, slope=tuf.slope_per_s,
+                         initial_utility=tuf.initial_utility, task_ert_s=tuf.ert_s,
+                         is_urgent=task.spec.is_urgent)
+        self.book.emit(task)
         return task.spec
 
     def cancel(self, task_id: str, reason: str) -> None:
-        task = self.tasks.get(task_id)
+        task = self.state.tasks.get(task_id)
         if task is not None and not task.lifecycle.is_terminal:
-            self._finish(task, "cancel", reason, self.engine.now())
+            self.book.finish(task, "cancel", reason, self.state.engine.now())
 
 
 def _is_time(x: object) -> bool:

@@ -1,0 +1,55 @@
+"""The admission pass's map of blocks held by preserved pauses: computed on first read, reused by
+the walk until the pass changes the engine, and never answering with a value from after that."""
+
+import pytest
+
+from timelyllm_ros.core.sched.preserved_blocks import PreservedBlocks
+
+
+def _map(held):
+    asked = []
+
+    def blocks_of(key):
+        asked.append(key)
+        return held[key]
+    paused = {key: ("rid-" + key, "preserve") for key in held}
+    return PreservedBlocks(paused, blocks_of), asked, paused
+
+
+def test_reads_only_what_is_asked_and_each_once():
+    blocks, asked, _ = _map({"a": 3, "b": 0, "c": 5})
+    assert "c" in blocks and blocks["c"] == 5 and blocks.get("c") == 5
+    assert asked == ["c"]
+    assert "b" not in blocks and "x" not in blocks  # holds nothing / not paused
+    with pytest.raises(KeyError):
+        blocks["b"]
+    assert blocks.current("c") == 5 and asked == ["c", "b"]
+    # As a mapping it is the dict the pass used to build: only pauses that hold blocks.
+    assert dict(blocks) == {"a": 3, "c": 5} and len(blocks) == 2 and bool(blocks)
+    assert asked == ["c", "b", "a"]
+
+
+def test_empty_when_no_pause_holds_blocks():
+    blocks, _, _ = _map({"a": 0})
+    assert not blocks and dict(blocks) == {}
+
+
+def test_after_the_pass_changes_the_engine_the_walk_asks_again():
+    held = {"a": 3, "b": 4}
+    blocks, asked, paused = _map(held)
+    assert blocks["a"] == 3
+    blocks.seal()
+    held["a"] = 0  # the engine revoked it while admitting another generation
+    # The pass's value stays what the policy read; the walk gets the engine's answer now.
+    assert blocks["a"] == 3
+    assert blocks.current("a") == 0 and blocks.current("a") == 0
+    del paused["b"]
+    assert blocks.current("b") == 0
+    assert asked == ["a", "a", "a"]
+
+
+def test_a_value_not_read_before_the_engine_changed_is_refused():
+    blocks, _, _ = _map({"a": 3, "b": 4})
+    blocks.seal()
+    with pytest.raises(RuntimeError, match="preserved_blocks\\['a'\\]: read .* in begin_pass"):
+        blocks["a"]
