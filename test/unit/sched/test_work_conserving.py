@@ -216,24 +216,18 @@ def test_running_resumes_are_asked_to_yield_only_while_the_step_is_over_the_cap(
 
 
 def test_pauses_preserve_until_the_share_of_kv_is_spent():
-    class Engine:
-        pinned = 0
-
-        def pinned_blocks(self):
-            return self.pinned
-
-    engine = Engine()
-    ctx = SchedulerContext("sim", 16, 100, 10, engine=engine)
+    ctx = SchedulerContext("sim", 16, 100, 10)
     policy = WorkConservingTimelyPolicy(preserve_kv_share=0.5)
 
-    def pause(tokens):
+    def pause(tokens, pinned):
         return PauseInfo(task_id="t", context_tokens=tokens, other_tokens=0, pause_s=1.0,
-                         eligible_in_s=1.0, segment_index=1, is_urgent=False, context=ctx)
+                         eligible_in_s=1.0, segment_index=1, is_urgent=False, context=ctx,
+                         pinned_blocks=pinned)
 
-    assert policy.pause_handling(pause(16 * 50)) == PRESERVE   # 50 of 100 blocks
-    engine.pinned = 10
-    assert policy.pause_handling(pause(16 * 50)) == DISCARD    # 60 > 50
-    assert policy.pause_handling(pause(16 * 40)) == PRESERVE
+    assert policy.pause_handling(pause(16 * 50, 0)) == PRESERVE   # 50 of 100 blocks
+    assert policy.pause_handling(pause(16 * 50, 10)) == DISCARD   # 60 > 50
+    assert policy.pause_handling(pause(16 * 40, 10)) == PRESERVE
+    assert policy.pause_handling(pause(16, None)) == DISCARD      # no engine to ask
 
 
 def test_the_default_policy_keeps_preserved_kv_and_frees_it_at_the_end():

@@ -212,9 +212,7 @@ class PredictiveTimelyPolicy(TimelyPolicy):
         self.step_model = StepTimeModel(ctx.profile, informed=ctx.profile is not None,
                                         prior_steps=self.prior_steps,
                                         memory_steps=self.memory_steps)
-        budget = None
-        if ctx.engine is not None:
-            budget = ctx.engine.max_num_batched_tokens()
+        budget = ctx.max_num_batched_tokens
         if not budget:
             budget = self.step_model.profile.max_num_batched_tokens
         return PredictiveAdmission(self.step_model, step_token_budget=int(budget),

@@ -63,10 +63,10 @@ def preserve_within_share(pause: PauseInfo, kv_share: float) -> str:
     block, the prefix cache serves the rest while it holds it). Under KV pressure the engine
     revokes preserves before it preempts anything running."""
     ctx = pause.context
-    if ctx.engine is None:
+    if pause.pinned_blocks is None:
         return DISCARD
     own = -(-pause.context_tokens // ctx.kv_block_size)
-    if ctx.engine.pinned_blocks() + own <= kv_share * ctx.kv_total_blocks:
+    if pause.pinned_blocks + own <= kv_share * ctx.kv_total_blocks:
         return PRESERVE
     return DISCARD
 

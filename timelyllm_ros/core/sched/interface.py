@@ -62,6 +62,8 @@ class SchedulerContext:
     kv_bytes_per_token, host_link_bytes_per_s: KV size and host-link bandwidth used to price a
         swap (the simulated engine's own values when it has them).
     parked_hold_slots: a preserved pause counts against `max_num_seqs` (a parked vLLM session).
+    max_num_batched_tokens: tokens one engine step may process (vLLM V1's token budget), None
+        where the engine does not say.
     """
 
     engine_name: str
@@ -76,6 +78,7 @@ class SchedulerContext:
     host_link_bytes_per_s: float = 25e9
     engine: EngineAdapter | None = None
     parked_hold_slots: bool = False
+    max_num_batched_tokens: int | None = None
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -95,6 +98,8 @@ class PauseInfo:
     pause_s: the execution-time model's (minimum) estimate of how long the robot needs before
         it wants the next segment: the pause the KV must survive if nothing resumes it earlier.
     eligible_in_s: how long until the scheduler may resume it (0 without a resume lead).
+    pinned_blocks: KV blocks the engine's preserved pauses hold now, before this one; None
+        where the scheduler has no engine to ask.
     """
 
     task_id: str
@@ -105,6 +110,7 @@ class PauseInfo:
     segment_index: int
     is_urgent: bool
     context: SchedulerContext
+    pinned_blocks: int | None = None
 
     @property
     def batch_tokens(self) -> int:

@@ -219,7 +219,7 @@ class OutputStep:
             pause_s=max(0.0, free_at - now),
             eligible_in_s=0.0 if lead is None else max(0.0, free_at - lead - now),
             segment_index=len(task.segments), is_urgent=task.spec.is_urgent,
-            context=state.context))
+            context=state.context, pinned_blocks=state.engine.pinned_blocks()))
         if handling not in PAUSE_HANDLINGS:
             raise ValueError(f"policy {state.policy.name!r}: pause handling must be one of "
                              f"{PAUSE_HANDLINGS}, got {handling!r}")

@@ -334,7 +334,8 @@ def _context_of(engine: EngineAdapter, skill_sets: dict[str, SkillSet]) -> Sched
         default_pause_handling=caps.default_pause_handling,
         kv_bytes_per_token=float(caps.kv_bytes_per_token),
         host_link_bytes_per_s=float(caps.host_link_bytes_per_s), engine=engine,
-        parked_hold_slots=caps.paused_hold_slots)
+        parked_hold_slots=caps.paused_hold_slots,
+        max_num_batched_tokens=engine.max_num_batched_tokens())
 
 
 def _admission_controller(policy: Policy, context: SchedulerContext,
