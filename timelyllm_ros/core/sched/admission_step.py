@@ -49,15 +49,21 @@ class AdmissionStep:
         self.controller = controller
         self.candidate_aware = isinstance(controller, CandidateAdmission)
         self.gate = gate
+        # The running batch as this pass's walk left it, when the walk started and preempted
+        # nothing (so that it is what `batch_state` would build again); else None.
+        self._unchanged_batch: list[RunningGen] | None = None
 
     def admit(self, now: float) -> None:
         """One admission pass; then, for a work-conserving policy, what the running batch
         should yield at its next segment boundaries (`SchedulerState.contention`)."""
         state = self.state
         state.contention = None
+        self._unchanged_batch = None
         self._admit_queued(now)
         if state.running and self.candidate_aware and state.policy.suspend_when == "contended":
-            batch = self.batch_state(now)
+            batch = self._unchanged_batch
+            if batch is None:
+                batch = self.batch_state(now)
             bar = self.controller.yield_below(batch, now, state.rate.rate)
             if bar is not None:
                 c = state.contention
@@ -207,6 +213,7 @@ class AdmissionStep:
         self._record_overhead(started)
         admitted = []
         refused_parked: set[str] = set()
+        changed = False  # the walk started or preempted a generation
         shortlist = admission.shortlist()
         for j, task_id in enumerate(keys):
             if shortlist is not None and task_id not in shortlist:
@@ -232,6 +239,7 @@ class AdmissionStep:
                 victims = admission.displacement_for(batch, cand, free)
                 if victims:
                     preserved.seal()
+                    changed = True
                     for key in victims:
                         self.book.preempt(tasks[key], now)
                     gone = set(victims)
@@ -248,6 +256,7 @@ class AdmissionStep:
                     continue
                 break
             preserved.seal()
+            changed = True
             self._start(task, now)
             admission.note_admission()
             if task.engine_request_id is not None:
@@ -257,6 +266,8 @@ class AdmissionStep:
                                         cand.initial_utility, cand.slope))
                 free -= need
             admitted.append(task.submit_index)
+        if not changed:
+            self._unchanged_batch = list(batch)
         return admitted
 
     def _room_for(self, task: TaskRecord, need: int, ranked_above: Collection[str],
@@ -371,6 +382,7 @@ class AdmissionStep:
         task.tokens_this_run = 0
         task.run_started_s = now
         state.running[request_id] = task
+        state.running_context += context_of(task)
         task.lifecycle.admit(now)
         self.book.emit(task)
 

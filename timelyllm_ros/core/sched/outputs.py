@@ -56,6 +56,7 @@ class OutputStep:
                      output.num_cached_tokens, context_of(task))
         task.generated.append(output.new_token_ids, output.new_text)
         task.tokens_this_run += len(output.new_token_ids)
+        self.state.running_context += len(output.new_token_ids)
         skill_set = self.book.skill_set_of(task.spec)
         language = skill_set.language
         gen = task.generated
@@ -186,7 +187,8 @@ class OutputStep:
         rid = task.engine_request_id
         if handling != DISCARD and rid is not None:
             state.engine.suspend_request(rid, handling)
-            state.running.pop(rid, None)
+            if state.running.pop(rid, None) is not None:
+                state.running_context -= context
             state.run_bound.pop(rid, None)
             task.engine_request_id = None
             state.paused[task.task_id] = (rid, handling)
@@ -211,7 +213,7 @@ class OutputStep:
             # resumes computing one token; other engines discard).
             return state.context.default_pause_handling
         rid = task.engine_request_id
-        other = sum(context_of(t) for r, t in state.running.items() if r != rid)
+        other = state.running_context - context  # (it is running: the others' contexts)
         free_at = task.robot_free_at(now)
         lead = state.config.resume_lead_s
         handling = state.policy.pause_handling(PauseInfo(
@@ -229,8 +231,10 @@ class OutputStep:
         if not engine_finished:
             self.book.stop_engine_request(task)
         else:
-            self.state.running.pop(task.engine_request_id, None)
-            self.state.run_bound.pop(task.engine_request_id, None)
+            state = self.state
+            if state.running.pop(task.engine_request_id, None) is not None:
+                state.running_context -= context_of(task)
+            state.run_bound.pop(task.engine_request_id, None)
             task.engine_request_id = None
         if task.held_segments:  # whole-plan dispatch of a plan cut short
             self._on_segment_text(task, *task.held_segments.pop(), is_last=True, now=now)

@@ -258,7 +258,7 @@ class SegmentScheduler:
             self.policy.on_step(StepInfo(
                 step=state.stats.steps, duration_s=timing.duration_s,
                 batch_size=timing.batch_size, prefill_tokens=timing.prefill_tokens,
-                context_tokens=sum(context_of(t) for t in running.values())))
+                context_tokens=state.running_context))
         now = engine.now()
         consume = self.outputs.consume
         for output in outputs:

@@ -107,6 +107,10 @@ class SchedulerState:
     # Queued generations, one row each (queue_view.py).
     queue: QueueArrays = field(default_factory=QueueArrays)
     running: dict[str, TaskRecord] = field(default_factory=dict)  # engine request id -> task
+    # Sum of the running generations' contexts (prompt + generated + reports), kept as they
+    # start, generate and stop: a suspension's `PauseInfo.other_tokens` and each step's
+    # `StepInfo.context_tokens` without a pass over the batch.
+    running_context: int = 0
     # Engine request id -> most tokens that run may generate (RunningGen.bound_tokens).
     run_bound: dict[str, int] = field(default_factory=dict)
     # Suspended generations whose engine request is paused (preserve/swap): task id ->

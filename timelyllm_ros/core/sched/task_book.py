@@ -46,7 +46,8 @@ class TaskBook:
         state = self.state
         if task.engine_request_id is not None:
             state.engine.abort_request(task.engine_request_id)
-            state.running.pop(task.engine_request_id, None)
+            if state.running.pop(task.engine_request_id, None) is not None:
+                state.running_context -= context_of(task)
             state.run_bound.pop(task.engine_request_id, None)
             task.engine_request_id = None
         paused = state.paused.pop(task.task_id, None)
