@@ -60,6 +60,18 @@ PARAMETERS: dict[str, tuple[Any, int, str, bool, tuple | None]] = {
     "engine.replicas": ([], _SA, "engine.kind openai: several vLLM servers (URLs); new tasks go "
                         "to the one with the most free capacity, a task's resumes stay on its "
                         "replica", True, None),
+    "engine.router": (False, _B, "engine.kind openai: engine.url is a vllm-router "
+                      "(`--policy consistent_hash`): each task's runs carry its id in "
+                      "X-Session-ID, KV and slots are read from every worker's /metrics "
+                      "(docs/router.md)", True, None),
+    "engine.workers": ([], _SA, "engine.router: the workers' URLs for their /metrics; empty = "
+                       "the router's worker list (GET /workers)", True, None),
+    "engine.api_key_env": ("", _S, "engine.kind openai: the NAME of the environment variable "
+                           "holding the servers' --api-key (sent as Authorization: Bearer); "
+                           "the key itself is never a parameter; empty = no key", True, None),
+    "engine.metrics_interval_s": (0.5, _F, "engine.kind openai: the servers' /metrics (KV "
+                                  "usage) are read at most this often; the scheduler's KV "
+                                  "figures are this old at most", True, (0.01, 60.0)),
     "engine.sim_profile": ("", _S, "engine profile YAML for engine.kind sim; empty = default", True, None),
     "engine.profile": ("", _S, "cost model of the real engine (relative to config_dir) for "
                        "policies that predict step times", True, None),
@@ -129,6 +141,7 @@ def values(node) -> dict[str, Any]:
     out["robots"] = list(out["robots"] or [])
     out["scenes"] = list(out["scenes"] or [])
     out["engine.replicas"] = list(out["engine.replicas"] or [])
+    out["engine.workers"] = list(out["engine.workers"] or [])
     return out
 
 
@@ -202,7 +215,10 @@ class PlannerSettings:
                 {"kind": "openai", "url": p["engine.url"], "replicas": list(p["engine.replicas"]),
                  "temperature": p["engine.temperature"], "seed": p["engine.seed"],
                  "repetition_penalty": p["engine.repetition_penalty"],
-                 "max_num_seqs": p["engine.max_num_seqs"]},
+                 "max_num_seqs": p["engine.max_num_seqs"],
+                 "router": p["engine.router"], "workers": list(p["engine.workers"]),
+                 "api_key_env": p["engine.api_key_env"],
+                 "metrics_interval_s": p["engine.metrics_interval_s"]},
                 profile=profile, scheduling_policy=scheduling)
             model = ", ".join(p["engine.replicas"]) or p["engine.url"]
         else:

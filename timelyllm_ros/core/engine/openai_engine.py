@@ -23,9 +23,16 @@ KV figures come from the server's Prometheus `/metrics` (`vllm:cache_config_info
 num_gpu_blocks / block_size, `vllm:kv_cache_usage_perc`), refreshed at most every
 `metrics_interval_s`; `free_slots()` estimates free capacity for the replica router.
 
+Behind vllm-router (`router: true`, docs/router.md): every run carries its task id in the
+`X-Session-ID` header (`consistent_hash` keeps a task's resumes on one worker's prefix cache), and
+the KV and slots are every worker's, summed (worker_metrics.py). With `api_key_env` the servers'
+key goes in `Authorization: Bearer` (request format and key: openai_wire.py).
+
 Faults: a server that does not answer at start raises `EngineUnavailable`; a stream that breaks
 (the server died) ends its request with `finish_reason="error"` and `EngineOutput.error` naming
 the server and the cause, and marks the engine down (`healthy()` False) until a probe succeeds.
+Behind a router a broken stream ends only its run: the router routes the task's next run to a
+live worker, so the engine stays up.
 """
 
 from __future__ import annotations
@@ -33,54 +40,22 @@ from __future__ import annotations
 import asyncio
 import json
 import queue
-import re
 import threading
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from timelyllm_ros.core.engine.base import (EngineCapabilities, EngineOutput, EngineRequest,
-                                            KvUsage, PauselessEngine, StepTiming, WallClockIdle,
-                                            engine_priority)
+                                            KvUsage, PauselessEngine, StepTiming, WallClockIdle)
 from timelyllm_ros.core.engine.cost_model import EngineProfile
+from timelyllm_ros.core.engine.openai_wire import (SESSION_HEADER, EngineRefused,
+                                                   EngineUnavailable, OpenAIEngineConfig,
+                                                   StreamEvent, api_key_from_env,
+                                                   completion_body, error_text, parse_chunk)
+from timelyllm_ros.core.engine.replicas import affinity_key
+from timelyllm_ros.core.engine.worker_metrics import WorkerMetrics, parse_metrics
 
-
-class EngineUnavailable(RuntimeError):
-    """The server cannot be reached (down, wrong URL, not a vLLM server)."""
-
-
-class EngineRefused(ValueError):
-    """The server refused a request (its message is the reason)."""
-
-
-@dataclass
-class OpenAIEngineConfig:
-    """One vLLM server. `model`: the served model name (empty = the server's only model)."""
-
-    url: str = "http://127.0.0.1:8000"
-    model: str = ""
-    temperature: float = 0.0
-    repetition_penalty: float = 1.15
-    seed: int = 0
-    ignore_eos: bool = False
-    # The scheduler's view of the server's limits (the API does not expose them).
-    max_num_seqs: int = 32
-    max_num_batched_tokens: int = 2048
-    connect_timeout_s: float = 5.0
-    # A stream that shows nothing for this long is considered broken.
-    read_timeout_s: float = 120.0
-    poll_s: float = 0.02
-    metrics_interval_s: float = 0.5
-    name: str = ""
-
-    @classmethod
-    def from_mapping(cls, values: dict[str, Any]) -> "OpenAIEngineConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"engine openai: unknown parameter(s) {unknown}; known: "
-                             f"{sorted(known)}")
-        return cls(**values)
+__all__ = ["EngineRefused", "EngineUnavailable", "OpenAIEngine", "OpenAIEngineConfig"]
 
 
 @dataclass
@@ -90,38 +65,6 @@ class _Stream:
     task: Any = None            # the asyncio task reading the stream
     generated: int = 0
     finish_reason: str | None = None
-
-
-@dataclass
-class _Event:
-    request_id: str
-    token_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    finish_reason: str | None = None
-    cached: int | None = None
-    error: str | None = None
-
-
-_GAUGE = re.compile(r'^(vllm:[a-z_]+)\{([^}]*)\}\s+([0-9.eE+-]+)$')
-
-
-def parse_metrics(text: str) -> dict[str, Any]:
-    """The few vLLM gauges the adapter reads, from Prometheus text."""
-    out: dict[str, Any] = {}
-    for line in text.splitlines():
-        m = _GAUGE.match(line.strip())
-        if not m:
-            continue
-        name, labels, value = m.group(1), m.group(2), float(m.group(3))
-        if name == "vllm:cache_config_info":
-            for key in ("num_gpu_blocks", "block_size"):
-                lm = re.search(rf'(?:^|,){key}="(\d+)"', labels)
-                if lm:
-                    out[key] = int(lm.group(1))
-        elif name in ("vllm:kv_cache_usage_perc", "vllm:num_requests_running",
-                      "vllm:num_requests_waiting"):
-            out[name.split(":", 1)[1]] = value
-    return out
 
 
 class OpenAIEngine(WallClockIdle, PauselessEngine):
@@ -135,7 +78,12 @@ class OpenAIEngine(WallClockIdle, PauselessEngine):
         self.config = config
         self.profile = profile
         self.label = config.name or config.url
-        self._events: queue.Queue[_Event] = queue.Queue()
+        api_key = api_key_from_env(config.api_key_env)
+        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._workers = (WorkerMetrics(config.url, config.workers, config.max_num_seqs,
+                                       config.metrics_interval_s, self._auth)
+                         if config.router else None)
+        self._events: queue.Queue[StreamEvent] = queue.Queue()
         self._streams: dict[str, _Stream] = {}
         self._last_timing = StepTiming()
         self._healthy = True
@@ -151,6 +99,10 @@ class OpenAIEngine(WallClockIdle, PauselessEngine):
         self._client = self._call(self._make_client(httpx, timeout))
         try:
             models = self._call(self._get_json("/v1/models"))
+        except Exception as err:  # noqa: BLE001
+            self.shutdown()
+            raise EngineUnavailable(self._unreachable(err)) from err
+        try:
             served = [m["id"] for m in models.get("data", [])]
             if not config.model:
                 if not served:
@@ -169,12 +121,25 @@ class OpenAIEngine(WallClockIdle, PauselessEngine):
             raise
         except Exception as err:  # noqa: BLE001 - any failure to talk to it means: unavailable
             self.shutdown()
-            raise EngineUnavailable(f"engine openai: server {self.label} is not reachable: "
-                                    f"{type(err).__name__}: {err}") from err
+            raise EngineUnavailable(self._unreachable(err)) from err
+
+    def _unreachable(self, err: Exception) -> str:
+        import httpx
+
+        if isinstance(err, httpx.HTTPStatusError) and err.response.status_code == 401:
+            if self._auth:
+                return (f"engine openai: server {self.label} refused the API key from "
+                        f"${self.config.api_key_env} (401 Unauthorized)")
+            return (f"engine openai: server {self.label} requires an API key (401 "
+                    "Unauthorized): set engine.api_key_env to the name of an environment "
+                    "variable that holds it")
+        return (f"engine openai: server {self.label} is not reachable: "
+                f"{type(err).__name__}: {err}")
 
     # -- the loop thread -------------------------------------------------------------------
     async def _make_client(self, httpx, timeout):
-        return httpx.AsyncClient(base_url=self.config.url.rstrip("/"), timeout=timeout)
+        return httpx.AsyncClient(base_url=self.config.url.rstrip("/"), timeout=timeout,
+                                 headers=self._auth)
 
     def _call(self, coro, timeout: float | None = None):
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
@@ -199,9 +164,15 @@ class OpenAIEngine(WallClockIdle, PauselessEngine):
         return self._down_reason
 
     def probe(self) -> bool:
-        """Ask the server's /health; marks the engine up or down."""
+        """Ask the server's /health (behind a router, whose /health fails while any worker
+        is down: whether a worker answers its /metrics); marks the engine up or down."""
         try:
-            self._call(self._get_text("/health"), timeout=self.config.connect_timeout_s + 1)
+            if self._workers is not None:
+                self._call(self._workers.refresh(self._client), timeout=5.0)
+                if not self._workers.live():
+                    raise ConnectionError(f"no worker is up: {self._workers.describe()}")
+            else:
+                self._call(self._get_text("/health"), timeout=self.config.connect_timeout_s + 1)
         except Exception as err:  # noqa: BLE001
             self._mark_down(f"{type(err).__name__}: {err}")
             return False
@@ -218,24 +189,40 @@ class OpenAIEngine(WallClockIdle, PauselessEngine):
             return
         self._metrics_at = now
         try:
-            self._metrics = parse_metrics(self._call(self._get_text("/metrics"), timeout=5.0))
+            if self._workers is not None:
+                self._call(self._workers.refresh(self._client), timeout=5.0)
+                self._workers.kv_usage()  # raises while no worker has reported
+            else:
+                self._metrics = parse_metrics(self._call(self._get_text("/metrics"),
+                                                         timeout=5.0))
         except Exception:  # noqa: BLE001 - keep the last figures; streams report the failure
             if force:
                 raise
 
     def capabilities(self) -> EngineCapabilities:
-        return EngineCapabilities(max_num_seqs=self.config.max_num_seqs, profile=self.profile)
+        seqs = self.config.max_num_seqs if self._workers is None else self._workers.slots()
+        return EngineCapabilities(max_num_seqs=seqs, profile=self.profile)
 
     def kv_usage(self) -> KvUsage:
         self._refresh_metrics()
+        if self._workers is not None:
+            return self._workers.kv_usage()
         total = int(self._metrics.get("num_gpu_blocks", 1 << 30))
         usage = float(self._metrics.get("kv_cache_usage_perc", 0.0))
         return KvUsage(free_blocks=int(total * (1.0 - usage)), total_blocks=total,
                        block_size=int(self._metrics.get("block_size", 16)))
 
     def free_slots(self) -> int:
-        """Requests this server could still take: its slots less our open streams."""
+        """Requests this server could still take: its slots less our open streams (behind a
+        router: the workers' slots less what their /metrics say runs or waits there)."""
+        if self._workers is not None:
+            self._refresh_metrics()
+            return self._workers.free_slots()
         return self.config.max_num_seqs - len(self._streams)
+
+    def worker_figures(self) -> list[dict[str, Any]]:
+        """Behind a router: what each worker reported last (empty otherwise)."""
+        return [] if self._workers is None else self._workers.describe()
 
     # -- text ------------------------------------------------------------------------------
     def now(self) -> float:
@@ -256,7 +243,7 @@ class OpenAIEngine(WallClockIdle, PauselessEngine):
     async def _post_json(self, path: str, body: dict) -> Any:
         response = await self._client.post(path, json=body)
         if response.status_code >= 400:
-            raise EngineRefused(f"{self.label}{path}: {_error_text(response.text)}")
+            raise EngineRefused(f"{self.label}{path}: {error_text(response.text)}")
         return response.json()
 
     def max_model_len(self) -> int:
@@ -266,19 +253,6 @@ class OpenAIEngine(WallClockIdle, PauselessEngine):
         return self.config.max_num_batched_tokens
 
     # -- requests --------------------------------------------------------------------------
-    def _body(self, request: EngineRequest) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "model": self.model, "prompt": list(request.prompt_token_ids),
-            "max_tokens": request.max_tokens, "temperature": self.config.temperature,
-            "repetition_penalty": self.config.repetition_penalty, "seed": self.config.seed,
-            "stream": True, "return_token_ids": True, "ignore_eos": self.config.ignore_eos,
-            "priority": engine_priority(request.service_class), "request_id": request.request_id,
-            "stream_options": {"include_usage": True},
-        }
-        if request.output_regex:
-            body["structured_outputs"] = {"regex": request.output_regex}
-        return body
-
     def add_request(self, request: EngineRequest) -> None:
         if not self._healthy:
             raise EngineRefused(self._down_reason)
@@ -305,12 +279,15 @@ class OpenAIEngine(WallClockIdle, PauselessEngine):
                           opened: asyncio.Future) -> None:
         rid = stream.request_id
         try:
-            async with self._client.stream("POST", "/v1/completions",
-                                           json=self._body(request)) as response:
+            headers = {SESSION_HEADER: affinity_key(rid)}
+            done = False
+            body = completion_body(self.model, self.config, request)
+            async with self._client.stream("POST", "/v1/completions", json=body,
+                                           headers=headers) as response:
                 if response.status_code >= 400:
                     text = (await response.aread()).decode(errors="replace")
                     opened.set_exception(EngineRefused(
-                        f"server {self.label} refused the request: {_error_text(text)}"))
+                        f"server {self.label} refused the request: {error_text(text)}"))
                     return
                 opened.set_result(True)
                 async for line in response.aiter_lines():
@@ -318,9 +295,14 @@ class OpenAIEngine(WallClockIdle, PauselessEngine):
                         continue
                     data = line[6:]
                     if data.strip() == "[DONE]":
+                        done = True
                         break
                     self._on_chunk(rid, json.loads(data))
-            self._events.put(_Event(rid, finish_reason="end"))
+            if not done:
+                # A server always ends a stream with [DONE]; a proxy in between (vllm-router)
+                # closes it cleanly when the worker behind it dies.
+                raise ConnectionError("the stream ended before [DONE]")
+            self._events.put(StreamEvent(rid, finish_reason="end"))
         except asyncio.CancelledError:
             if not opened.done():
                 opened.cancel()
@@ -331,26 +313,17 @@ class OpenAIEngine(WallClockIdle, PauselessEngine):
                 self._mark_down(reason)
                 opened.set_exception(EngineRefused(self._down_reason))
                 return
+            if self._workers is not None:
+                # The router answered; the worker behind it died. The router routes the
+                # task's next run elsewhere, so the engine stays up.
+                self._events.put(StreamEvent(rid, finish_reason="error", error=(
+                    f"router {self.label}: the worker serving this run broke off: {reason}")))
+                return
             self._mark_down(reason)
-            self._events.put(_Event(rid, finish_reason="error", error=self._down_reason))
+            self._events.put(StreamEvent(rid, finish_reason="error", error=self._down_reason))
 
     def _on_chunk(self, rid: str, chunk: dict) -> None:
-        if "error" in chunk:
-            message = _error_text(json.dumps(chunk))
-            self._events.put(_Event(rid, finish_reason="error",
-                                    error=f"server {self.label}: {message}"))
-            return
-        event = _Event(rid)
-        for choice in chunk.get("choices") or ():
-            event.token_ids.extend(choice.get("token_ids") or ())
-            event.text += choice.get("text") or ""
-            if choice.get("finish_reason"):
-                event.finish_reason = choice["finish_reason"]
-        usage = chunk.get("usage") or {}
-        details = usage.get("prompt_tokens_details") or {}
-        if details.get("cached_tokens") is not None:
-            event.cached = int(details["cached_tokens"])
-        self._events.put(event)
+        self._events.put(parse_chunk(rid, chunk, self.label))
 
     def abort_request(self, request_id: str) -> None:
         stream = self._streams.pop(request_id, None)
@@ -361,7 +334,7 @@ class OpenAIEngine(WallClockIdle, PauselessEngine):
     def step(self) -> list[EngineOutput]:
         start = time.perf_counter()
         batch = len(self._streams)
-        events: list[_Event] = []
+        events: list[StreamEvent] = []
         if self._streams:
             try:
                 events.append(self._events.get(timeout=self.config.poll_s))
@@ -423,15 +396,7 @@ class OpenAIEngine(WallClockIdle, PauselessEngine):
             self._thread.join(timeout=5.0)
 
     def describe(self) -> dict[str, Any]:
-        return {"engine": self.name, "url": self.config.url, "model": self.model}
-
-
-def _error_text(body: str) -> str:
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return body.strip()[:500]
-    err = data.get("error", data) if isinstance(data, dict) else data
-    if isinstance(err, dict):
-        return str(err.get("message") or err)[:500]
-    return str(err)[:500]
+        out = {"engine": self.name, "url": self.config.url, "model": self.model}
+        if self._workers is not None:
+            out["workers"] = self.worker_figures()
+        return out
