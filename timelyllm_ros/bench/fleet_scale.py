@@ -40,6 +40,15 @@ def per_robot_task_rate(workload: Workload) -> float:
     return workload.eps * (1 + workload.max_tpe) / 2 / workload.agents
 
 
+def single_task_events(base: Workload, tasks_per_event: int) -> Workload:
+    """`base` with at most `tasks_per_event` tasks per event and the event rate raised to keep
+    each robot's task rate (bursts of simultaneous tasks are the workload's, not the fleet's)."""
+    if tasks_per_event < 1:
+        raise ValueError(f"tasks_per_event: must be >= 1, got {tasks_per_event}")
+    return replace(base, max_tpe=tasks_per_event,
+                   eps=base.eps * (1 + base.max_tpe) / (1 + tasks_per_event))
+
+
 def fleet_workload(base: Workload, robots: int, duration_s: float) -> Workload:
     """`base` with `robots` robots, each issuing tasks at the base rate per robot."""
     if robots < base.max_tpe:
@@ -163,11 +172,13 @@ def largest_fleet(run_probe: Callable[[int], Probe], guess: int, *, minimum: int
     return probes
 
 
-def scaling_rows(searches: Mapping[int, Search]) -> list[dict[str, float | int | None]]:
+def scaling_rows(searches: Mapping[int, Search], one_replica: int | None = None
+                 ) -> list[dict[str, float | int | None]]:
     """Per replica count: largest fleet, robots per replica, and the scaling efficiency
-    (robots per replica against one replica's)."""
+    (robots per replica against one replica's: the search's for 1 replica, else
+    `one_replica`)."""
     one = searches.get(1)
-    base = one.best.robots if one is not None and one.best is not None else None
+    base = one.best.robots if one is not None and one.best is not None else one_replica
     rows = []
     for replicas, search in sorted(searches.items()):
         best = search.best

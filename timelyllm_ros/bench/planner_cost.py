@@ -15,8 +15,12 @@ mix of queued, running and suspended tasks), `ticks` passes are timed:
 
 A fleet of R replicas releases R steps per step time, and the planner makes one pass per
 released step, so one planner keeps up while R x (planner time per pass) < step time: the
-largest R is step time / pass time. Wall times on a shared machine: noise only adds, so the
-figures are upper bounds. No assertion: a benchmark.
+largest R is step time / pass time ("R (pass/step)"). A planner that takes every replica's
+outputs of a step in one pass (as `ReplicaEngine` does with real servers) pays the pass's fixed
+part (admission, reports) once per step time and its per-output part R times: a least-squares
+fit of pass time against outputs handled gives both, and "R (batched)" = (step - fixed) /
+(per output x outputs per replica step). Wall times on a shared machine: noise only adds, so
+the figures are upper bounds. No assertion: a benchmark.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import heapq
 import statistics
 import time
 from pathlib import Path
+
+import numpy as np
 from typing import Sequence
 
 from timelyllm_ros.core.engine.cost_model import EngineProfile
@@ -45,14 +51,18 @@ LATENCY_S = 0.008
 
 
 class _TimedFleet(SimulatedFleet):
-    """The fleet, with the wall time its engines spend in `step()` counted."""
+    """The fleet, with the wall time its engines spend in `step()` counted, and the outputs
+    of the last step."""
 
     engine_wall_s = 0.0
+    last_outputs = 0
 
     def step(self):
         start = time.perf_counter()
         try:
-            return super().step()
+            outputs = super().step()
+            self.last_outputs = len(outputs)
+            return outputs
         finally:
             self.engine_wall_s += time.perf_counter() - start
 
@@ -83,6 +93,9 @@ class CostPoint:
     pass_ms: float          # mean planner time per pass (what a sustained rate depends on)
     pass_p50_ms: float
     pass_p90_ms: float
+    fixed_ms: float         # least-squares fit: pass time = fixed + per_output x outputs
+    per_output_us: float
+    outputs_per_pass: float
     step_ms: float          # mean virtual duration of a replica step
     queued: int
     running: int
@@ -90,8 +103,20 @@ class CostPoint:
 
     @property
     def max_replicas(self) -> float:
-        """Replicas one planner keeps up with: step time / planner time per pass."""
+        """Replicas one planner keeps up with when it makes one pass per replica step (the
+        simulated fleet's way): step time / planner time per pass."""
         return self.step_ms / self.pass_ms if self.pass_ms > 0 else float("inf")
+
+    @property
+    def max_replicas_batched(self) -> float:
+        """Replicas one planner keeps up with when one pass takes every replica's outputs of
+        a step together (`ReplicaEngine` polling its servers): the fixed part is paid once per
+        step time, the per-output part R times."""
+        per_replica = self.per_output_us * 1e-3 * self.outputs_per_pass
+        left = self.step_ms - self.fixed_ms
+        if left <= 0:
+            return 0.0
+        return left / per_replica if per_replica > 0 else float("inf")
 
 
 def measure(profile: EngineProfile, active: int, replicas: int, ticks: int = 200,
@@ -122,6 +147,7 @@ def measure(profile: EngineProfile, active: int, replicas: int, ticks: int = 200
     for _ in range(active):
         submit()
     pass_s: list[float] = []
+    outputs: list[int] = []
     steps: list[float] = []
     start_s = fleet.now()
     while len(pass_s) < ticks:
@@ -141,13 +167,18 @@ def measure(profile: EngineProfile, active: int, replicas: int, ticks: int = 200
             continue
         if fleet.now() - start_s >= warmup_s:
             pass_s.append(elapsed)
+            outputs.append(fleet.last_outputs)
             steps.append(fleet.last_step_timing().duration_s)
     running = len(scheduler.running_request_ids())
     queued = scheduler.queue_length()
     live = len(scheduler.active_tasks())
     quantiles = statistics.quantiles(pass_s, n=10) if len(pass_s) >= 2 else [pass_s[0]] * 9
+    slope, intercept = (np.polyfit(outputs, pass_s, 1) if len(set(outputs)) > 1
+                        else (0.0, statistics.mean(pass_s)))
     return CostPoint(active, replicas, statistics.mean(pass_s) * 1e3,
                      statistics.median(pass_s) * 1e3, quantiles[8] * 1e3,
+                     max(0.0, float(intercept)) * 1e3, max(0.0, float(slope)) * 1e6,
+                     statistics.mean(outputs),
                      statistics.mean(steps) * 1e3, queued, running,
                      max(0, live - queued - running))
 
@@ -158,11 +189,14 @@ def run_planner_cost(profile_path: str | Path, actives: Sequence[int], replicas:
     print(f"planner cost per pass, policy {DEFAULT_POLICY}, {replicas} replicas of "
           f"{profile.name}; {ticks} passes timed per point after 5 s of warm-up", flush=True)
     head = (f"{'active':>7} {'queued':>7} {'running':>7} {'suspended':>9} {'mean ms':>8} "
-            f"{'p50 ms':>7} {'p90 ms':>7} {'step ms':>8} {'replicas kept up':>16}")
+            f"{'p50 ms':>7} {'p90 ms':>7} {'fixed ms':>8} {'us/out':>7} {'out/pass':>8} "
+            f"{'step ms':>8} {'R (pass/step)':>13} {'R (batched)':>11}")
     print(head)
     print("-" * len(head))
     for active in actives:
         p = measure(profile, active, replicas, ticks)
         print(f"{p.active:>7} {p.queued:>7} {p.running:>7} {p.suspended:>9} {p.pass_ms:>8.2f} "
-              f"{p.pass_p50_ms:>7.2f} {p.pass_p90_ms:>7.2f} {p.step_ms:>8.2f} {p.max_replicas:>16.1f}", flush=True)
+              f"{p.pass_p50_ms:>7.2f} {p.pass_p90_ms:>7.2f} {p.fixed_ms:>8.2f} "
+              f"{p.per_output_us:>7.1f} {p.outputs_per_pass:>8.1f} {p.step_ms:>8.2f} "
+              f"{p.max_replicas:>13.1f} {p.max_replicas_batched:>11.1f}", flush=True)
     return 0

@@ -2,7 +2,8 @@
 
     timelyllm fleet [--workload WID1] [--profile config/engine_profiles/llama3-8b-h100.yaml] \\
         [--replicas 1,8,32] [--policies timelyllm-wc,vllm-stream] [--duration-s 60] \\
-        [--guess 400] [--tolerance 0.1] [--max-probes 8] [--robots N] [--json FILE]
+        [--guess 400] [--tolerance 0.1] [--max-probes 8] [--fleet-probes 3] \
+        [--per-replica N] [--robots N] [--tasks-per-event K] [--json FILE]
     timelyllm fleet --planner-cost [--active 1000,5000,20000] [--replicas 32]
 
 For each replica count, the largest fleet (robots, each issuing tasks at the workload's rate per
@@ -23,7 +24,7 @@ from typing import Sequence
 from timelyllm_ros.bench.config import BenchConfig
 from timelyllm_ros.bench.fleet_scale import (Probe, Search, URGENT_LATE_LIMIT, format_rows,
                                              largest_fleet, per_robot_task_rate, probe,
-                                             scaling_rows)
+                                             scaling_rows, single_task_events)
 from timelyllm_ros.bench.policies import PolicyListError, parse_policy_list
 from timelyllm_ros.bench.workloads import WorkloadSourceError, load_bench_workload
 from timelyllm_ros.core.engine.cost_model import EngineProfile, EngineProfileError
@@ -51,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="engine profile of one replica (default: Llama-3-8B on one H100)")
     p.add_argument("--replicas", type=_ints, default=[1, 8, 32], metavar="1,8,32")
     p.add_argument("--policies", default=f"{DEFAULT_POLICY},vllm-stream")
+    p.add_argument("--tasks-per-event", type=int, default=None, metavar="K",
+                   help="at most K simultaneous tasks per event (rate per robot kept)")
     p.add_argument("--duration-s", type=float, default=60.0,
                    help="virtual seconds of arrivals per probe (default 60)")
     p.add_argument("--guess", type=int, default=400, help="first fleet probed on one replica")
@@ -61,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fleet-probes", type=int, default=3,
                    help="most probes of each search with several replicas (default 3: a probe "
                         "of 32 replicas replays ~100,000 tasks)")
+    p.add_argument("--per-replica", type=int, default=None, metavar="N",
+                   help="what one replica serves, from an earlier search: R replicas start at "
+                        "R x N (without it, from the one-replica search of this run)")
     p.add_argument("--robots", type=int, default=None, metavar="N",
                    help="probe N robots per replica only (no search)")
     p.add_argument("--json", dest="json_path", default=None, metavar="FILE")
@@ -99,6 +105,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               "with an event rate (a preset or workload file such as WID1), whose robots can be "
               "scaled", file=sys.stderr)
         return 2
+    if args.tasks_per_event is not None:
+        base = single_task_events(base, args.tasks_per_event)
     config = BenchConfig(profile=profile)
     rate = per_robot_task_rate(base)
     print(f"workload {base.name}: {rate * 60:.2f} tasks per robot per minute, "
@@ -110,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for policy in policies:
         searches: dict[int, Search] = {}
         say = _announce(policy)
-        one_replica: int | None = None
+        one_replica: int | None = args.per_replica
         for replicas in args.replicas:
             def run_probe(robots: int, replicas=replicas, policy=policy) -> Probe:
                 return probe(base, robots, replicas, policy, config, args.duration_s)
@@ -127,11 +135,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     factor=1 + args.tolerance if scaled else 2.0, announce=say)
             searches[replicas] = Search(replicas, probes)
             best = searches[replicas].best
-            if replicas == 1 and best is not None:
+            if replicas == 1 and best is not None and args.per_replica is None:
                 one_replica = best.robots
             elif one_replica is None and best is not None:
                 one_replica = max(base.max_tpe, best.robots // replicas)
-        rows = scaling_rows(searches)
+        rows = scaling_rows(searches, args.per_replica)
         print(format_rows(policy, rows), flush=True)
         report["policies"][policy] = {
             "rows": rows,

@@ -105,3 +105,13 @@ def test_bench_command_replays_on_several_replicas(capsys):
     assert bench.main(["--workload", "WID1", "--policies", "vllm-stream", "--duration-s", "20",
                        "--replicas", "2", "--no-progress"]) == 0
     assert "vllm-stream" in capsys.readouterr().out
+
+
+def test_single_task_events_keep_each_robot_s_rate():
+    from timelyllm_ros.bench.fleet_scale import single_task_events
+    base = load_bench_workload("WID1", None, None)[0]
+    one = single_task_events(base, 1)
+    assert one.max_tpe == 1
+    assert per_robot_task_rate(one) == pytest.approx(per_robot_task_rate(base))
+    events = compose(fleet_workload(one, 100, 30.0))
+    assert events and all(len(e.tasks) == 1 for e in events)
