@@ -49,21 +49,20 @@ class AdmissionStep:
         self.controller = controller
         self.candidate_aware = isinstance(controller, CandidateAdmission)
         self.gate = gate
-        # The running batch as this pass's walk left it, when the walk started and preempted
-        # nothing (so that it is what `batch_state` would build again); else None.
-        self._unchanged_batch: list[RunningGen] | None = None
+        # The running batch as this pass's walk found it (None without a walk): after the walk
+        # those of its generations still running are unchanged, so the yield check after the
+        # pass builds only the generations the walk admitted.
+        self._walk_found: list[RunningGen] | None = None
 
     def admit(self, now: float) -> None:
         """One admission pass; then, for a work-conserving policy, what the running batch
         should yield at its next segment boundaries (`SchedulerState.contention`)."""
         state = self.state
         state.contention = None
-        self._unchanged_batch = None
+        self._walk_found = None
         self._admit_queued(now)
         if state.running and self.candidate_aware and state.policy.suspend_when == "contended":
-            batch = self._unchanged_batch
-            if batch is None:
-                batch = self.batch_state(now)
+            batch = self.batch_state(now, known=self._walk_found)
             bar = self.controller.yield_below(batch, now, state.rate.rate)
             if bar is not None:
                 c = state.contention
@@ -188,6 +187,7 @@ class AdmissionStep:
         """The admission walk for candidate-aware controllers (MC-SF look-ahead, BROS, ...)."""
         state = self.state
         batch = self.batch_state(now)
+        self._walk_found = batch[:]  # (the walk appends to `batch`)
         free = self.free_blocks()
         block_size = state.context.kv_block_size
         # The candidates' columns as lists, in walk order, taken before admissions below
@@ -213,7 +213,6 @@ class AdmissionStep:
         self._record_overhead(started)
         admitted = []
         refused_parked: set[str] = set()
-        changed = False  # the walk started or preempted a generation
         shortlist = admission.shortlist()
         for j, task_id in enumerate(keys):
             if shortlist is not None and task_id not in shortlist:
@@ -239,7 +238,6 @@ class AdmissionStep:
                 victims = admission.displacement_for(batch, cand, free)
                 if victims:
                     preserved.seal()
-                    changed = True
                     for key in victims:
                         self.book.preempt(tasks[key], now)
                     gone = set(victims)
@@ -256,7 +254,6 @@ class AdmissionStep:
                     continue
                 break
             preserved.seal()
-            changed = True
             self._start(task, now)
             admission.note_admission()
             if task.engine_request_id is not None:
@@ -266,8 +263,6 @@ class AdmissionStep:
                                         cand.initial_utility, cand.slope))
                 free -= need
             admitted.append(task.submit_index)
-        if not changed:
-            self._unchanged_batch = list(batch)
         return admitted
 
     def _room_for(self, task: TaskRecord, need: int, ranked_above: Collection[str],
@@ -283,11 +278,19 @@ class AdmissionStep:
         return self.parked.eviction_plan(task.task_id, need - free,
                                          self.parked.parked_hold_slots(), ranked_above, now, free)
 
-    def batch_state(self, now: float) -> list[RunningGen]:
-        """The running batch, as candidate-aware admission controllers see it."""
+    def batch_state(self, now: float,
+                    known: list[RunningGen] | None = None) -> list[RunningGen]:
+        """The running batch, as candidate-aware admission controllers see it. `known`: records
+        built at this `now` of generations that have not run a step since (they are reused)."""
         run_bound, shared_of = self.state.run_bound, self.state.shared_of
+        reuse = {g.key: g for g in known} if known else {}
         out = []
         for rid, task in self.state.running.items():
+            if reuse:
+                gen = reuse.get(task.spec.task_id)
+                if gen is not None:
+                    out.append(gen)
+                    continue
             tuf = task.spec.tuf
             out.append(RunningGen(task.task_id, context_of(task), task.tokens_this_run,
                                   run_bound.get(rid, 0), deadline_of(task, now),
