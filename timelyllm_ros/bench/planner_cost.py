@@ -184,17 +184,17 @@ def measure(profile: EngineProfile, active: int, replicas: int, ticks: int = 200
 
 
 def run_planner_cost(profile_path: str | Path, actives: Sequence[int], replicas: int,
-                     ticks: int) -> int:
+                     ticks: int, warmup_s: float = 5.0) -> int:
     profile = EngineProfile.from_yaml(profile_path)
     print(f"planner cost per pass, policy {DEFAULT_POLICY}, {replicas} replicas of "
-          f"{profile.name}; {ticks} passes timed per point after 5 s of warm-up", flush=True)
+          f"{profile.name}; {ticks} passes timed per point after {warmup_s:g} s of warm-up", flush=True)
     head = (f"{'active':>7} {'queued':>7} {'running':>7} {'suspended':>9} {'mean ms':>8} "
             f"{'p50 ms':>7} {'p90 ms':>7} {'fixed ms':>8} {'us/out':>7} {'out/pass':>8} "
             f"{'step ms':>8} {'R (pass/step)':>13} {'R (batched)':>11}")
     print(head)
     print("-" * len(head))
     for active in actives:
-        p = measure(profile, active, replicas, ticks)
+        p = measure(profile, active, replicas, ticks, warmup_s)
         print(f"{p.active:>7} {p.queued:>7} {p.running:>7} {p.suspended:>9} {p.pass_ms:>8.2f} "
               f"{p.pass_p50_ms:>7.2f} {p.pass_p90_ms:>7.2f} {p.fixed_ms:>8.2f} "
               f"{p.per_output_us:>7.1f} {p.outputs_per_pass:>8.1f} {p.step_ms:>8.2f} "

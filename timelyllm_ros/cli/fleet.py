@@ -4,7 +4,8 @@
         [--replicas 1,8,32] [--policies timelyllm-wc,vllm-stream] [--duration-s 60] \\
         [--guess 400] [--tolerance 0.1] [--max-probes 8] [--fleet-probes 3] \
         [--per-replica N] [--robots N] [--tasks-per-event K] [--json FILE]
-    timelyllm fleet --planner-cost [--active 1000,5000,20000] [--replicas 32]
+    timelyllm fleet --planner-cost [--active 1000,5000,20000] [--replicas 32] [--ticks 200] \
+        [--warmup-s 5]
 
 For each replica count, the largest fleet (robots, each issuing tasks at the workload's rate per
 robot) with at most 5 % of urgent tasks late: probe, bracket by doubling or halving, bisect. One
@@ -76,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--planner-cost: active task counts (default 1000,5000,20000)")
     p.add_argument("--ticks", type=int, default=200,
                    help="--planner-cost: scheduling passes timed per point (default 200)")
+    p.add_argument("--warmup-s", type=float, default=5.0,
+                   help="--planner-cost: virtual seconds before the timing starts (default 5)")
     return p
 
 
@@ -92,7 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.planner_cost:
         from timelyllm_ros.bench.planner_cost import run_planner_cost
-        return run_planner_cost(args.profile, args.active, max(args.replicas), args.ticks)
+        return run_planner_cost(args.profile, args.active, max(args.replicas), args.ticks,
+                                args.warmup_s)
     try:
         policies = parse_policy_list(args.policies)
         profile = EngineProfile.from_yaml(args.profile)
