@@ -7,7 +7,7 @@ Per placement:
   read from the workers' counters (router_workload.MeteredRuns), against the whole blocks of
   the plan so far;
 - burst: tasks submitted at once; each run's time to first token, each task's response time
-  (arrival to plan complete), and how many runs each worker served;
+  (arrival to its first segment at the robot), and how many runs each worker served;
 - worker death: worker 1 is killed while plans are on it; what happens to its generating runs,
   its suspended plans, new plans while it is down, and new plans once it is back.
 """
