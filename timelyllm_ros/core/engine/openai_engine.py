@@ -88,6 +88,8 @@ class OpenAIEngine(WallClockIdle, PauselessEngine):
         self._last_timing = StepTiming()
         self._healthy = True
         self._down_reason = ""
+        self._probed_at = -1e9
+        self._probe_future: Any = None
         self._metrics: dict[str, Any] = {}
         self._metrics_at = -1e9
         self._client: Any = None
@@ -158,21 +160,38 @@ class OpenAIEngine(WallClockIdle, PauselessEngine):
 
     # -- health and capacity ---------------------------------------------------------------
     def healthy(self) -> bool:
+        """Whether the server takes work. A server marked down is probed again in the
+        background every `reprobe_s` (never on the caller's thread: a partitioned host would
+        block it for the connect timeout), and is up again once a probe answers."""
+        if not self._healthy:
+            self._probe_in_background()
         return self._healthy
 
     def down_reason(self) -> str:
         return self._down_reason
 
     def probe(self) -> bool:
-        """Ask the server's /health (behind a router, whose /health fails while any worker
-        is down: whether a worker answers its /metrics); marks the engine up or down."""
+        """Ask the server now (blocking); marks the engine up or down."""
+        return self._call(self._probe_once(), timeout=self.config.connect_timeout_s + 6)
+
+    def _probe_in_background(self) -> None:
+        now = time.monotonic()
+        running = self._probe_future is not None and not self._probe_future.done()
+        if running or now - self._probed_at < self.config.reprobe_s:
+            return
+        self._probed_at = now
+        self._probe_future = asyncio.run_coroutine_threadsafe(self._probe_once(), self._loop)
+
+    async def _probe_once(self) -> bool:
+        """The server's /health (behind a router, whose /health fails while any worker is down:
+        whether a worker answers its /metrics)."""
         try:
             if self._workers is not None:
-                self._call(self._workers.refresh(self._client), timeout=5.0)
+                await asyncio.wait_for(self._workers.refresh(self._client), 5.0)
                 if not self._workers.live():
                     raise ConnectionError(f"no worker is up: {self._workers.describe()}")
             else:
-                self._call(self._get_text("/health"), timeout=self.config.connect_timeout_s + 1)
+                await self._get_text("/health")
         except Exception as err:  # noqa: BLE001
             self._mark_down(f"{type(err).__name__}: {err}")
             return False
@@ -254,7 +273,7 @@ class OpenAIEngine(WallClockIdle, PauselessEngine):
 
     # -- requests --------------------------------------------------------------------------
     def add_request(self, request: EngineRequest) -> None:
-        if not self._healthy:
+        if not self.healthy():
             raise EngineRefused(self._down_reason)
         rid = request.request_id
         stream = _Stream(rid, len(request.prompt_token_ids))

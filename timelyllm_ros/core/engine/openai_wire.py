@@ -57,6 +57,9 @@ class OpenAIEngineConfig:
     read_timeout_s: float = 120.0
     poll_s: float = 0.02
     metrics_interval_s: float = 0.5
+    # A server marked down is asked again (/health, in the background) at most this often, so
+    # a restarted server gets work again within about this long; one GET per interval.
+    reprobe_s: float = 2.0
     name: str = ""
     # `url` is a vllm-router: KV and slots are read from every worker's /metrics (the workers
     # in `workers`, else the router's `GET /workers`), summed (worker_metrics.py).

@@ -1,0 +1,131 @@
+"""A server marked down comes back: the adapter asks its /health again in the background, so a
+restarted server gets work again, alone and as one of `engine.replicas` (no vLLM needed: a
+minimal HTTP server on loopback answers the few calls the adapter makes before a request)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from timelyllm_ros.core.engine.base import EngineRequest
+from timelyllm_ros.core.engine.openai_engine import EngineRefused, OpenAIEngine
+from timelyllm_ros.core.engine.openai_wire import OpenAIEngineConfig
+from timelyllm_ros.core.engine.replicas import Replica, ReplicaEngine
+
+METRICS = ('vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="100"} 1.0\n'
+           'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.0\n')
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - the http.server name
+        if self.path == "/v1/models":
+            body, kind = json.dumps({"data": [{"id": "m", "max_model_len": 512}]}), "json"
+        elif self.path == "/metrics":
+            body, kind = METRICS, "plain"
+        elif self.path == "/health":
+            body, kind = "", "plain"
+        else:
+            self.send_error(404)
+            return
+        data = body.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", f"application/{kind}" if kind == "json" else "text/plain")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):  # quiet
+        pass
+
+
+class _Server:
+    """The fake server on a fixed loopback port, stopped and started again at will."""
+
+    def __init__(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.httpd = None
+        self.start()
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self):
+        ThreadingHTTPServer.allow_reuse_address = True
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", self.port), _Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def servers():
+    made = []
+
+    def make():
+        made.append(_Server())
+        return made[-1]
+    yield make
+    for server in made:
+        server.stop()
+
+
+def _config(server, **extra):
+    return OpenAIEngineConfig(url=server.url, reprobe_s=0.05, connect_timeout_s=2.0, **extra)
+
+
+def _wait_until(predicate, timeout_s=10.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_server_marked_down_is_up_again_once_it_answers(servers):
+    server = servers()
+    engine = OpenAIEngine(_config(server))
+    try:
+        assert engine.healthy()
+        server.stop()
+        with pytest.raises(EngineRefused, match="is down"):
+            engine.add_request(EngineRequest("t#0", [1, 2, 3], 4))
+        assert not engine.healthy() and "is down" in engine.down_reason()
+        # Still down while nothing answers: the background probes fail too.
+        time.sleep(0.3)
+        assert not engine.healthy()
+        server.start()
+        assert _wait_until(engine.healthy), engine.down_reason()
+        assert engine.down_reason() == ""
+    finally:
+        engine.shutdown()
+
+
+def test_a_replica_that_died_mid_run_gets_new_plans_again_after_it_restarts(servers):
+    first, second = servers(), servers()
+    configs = [_config(first, name="a"), _config(second, name="b")]
+    engine = ReplicaEngine([Replica(c.name, build=(lambda c=c: OpenAIEngine(c)),
+                                    health=OpenAIEngine.healthy) for c in configs])
+    try:
+        a = engine.replicas[0]
+        first.stop()
+        with pytest.raises(EngineRefused):
+            a.engine.add_request(EngineRequest("x#0", [1], 1))
+        # While `a` is down every new plan goes to `b` ...
+        assert all(engine._pick().name == "b" for _ in range(5))
+        first.start()
+        # ... and once a background probe finds it answering, `a` is a candidate again.
+        assert _wait_until(a.up), a.engine.down_reason()
+        assert engine._pick(exclude=engine.replicas[1]).name == "a"
+    finally:
+        engine.shutdown()
