@@ -1,6 +1,8 @@
-"""A server marked down comes back: the adapter asks its /health again in the background, so a
-restarted server gets work again, alone and as one of `engine.replicas` (no vLLM needed: a
-minimal HTTP server on loopback answers the few calls the adapter makes before a request)."""
+"""Recovery from a server that dies: a server marked down comes back (the adapter asks its
+/health again in the background, so a restarted server gets work again, alone and as one of
+`engine.replicas`), and behind a router whose ring still holds a dead worker, tokenizing goes
+to a worker that answers (no vLLM needed: a minimal HTTP server on loopback answers the few
+calls the adapter makes)."""
 
 from __future__ import annotations
 
@@ -39,6 +41,21 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def do_POST(self):  # noqa: N802 - the http.server name
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.path != "/tokenize":
+            self.send_error(404)
+            return
+        if self.server.tokenize_fails:  # a router whose ring still holds a dead worker
+            data, status = b'{"error": {"message": "Backend request failed"}}', 502
+        else:
+            data, status = json.dumps({"tokens": [7, 8, 9]}).encode(), 200
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
     def log_message(self, *args):  # quiet
         pass
 
@@ -46,7 +63,8 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server:
     """The fake server on a fixed loopback port, stopped and started again at will."""
 
-    def __init__(self):
+    def __init__(self, tokenize_fails=False):
+        self.tokenize_fails = tokenize_fails
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -60,6 +78,7 @@ class _Server:
     def start(self):
         ThreadingHTTPServer.allow_reuse_address = True
         self.httpd = ThreadingHTTPServer(("127.0.0.1", self.port), _Handler)
+        self.httpd.tokenize_fails = self.tokenize_fails
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
     def stop(self):
@@ -71,8 +90,8 @@ class _Server:
 def servers():
     made = []
 
-    def make():
-        made.append(_Server())
+    def make(**kwargs):
+        made.append(_Server(**kwargs))
         return made[-1]
     yield make
     for server in made:
@@ -127,5 +146,19 @@ def test_a_replica_that_died_mid_run_gets_new_plans_again_after_it_restarts(serv
         # ... and once a background probe finds it answering, `a` is a candidate again.
         assert _wait_until(a.up), a.engine.down_reason()
         assert engine._pick(exclude=engine.replicas[1]).name == "a"
+    finally:
+        engine.shutdown()
+
+
+def test_behind_a_router_tokenizing_goes_to_a_worker_that_answers(servers):
+    router, worker = servers(tokenize_fails=True), servers()
+    engine = OpenAIEngine(_config(router, router=True, workers=(worker.url,)))
+    try:
+        assert engine.render_chat([{"role": "user", "content": "go"}]) == [7, 8, 9]
+        assert engine.tokenize("go") == [7, 8, 9]
+        # With no worker answering either, the router's failure is what the caller sees.
+        worker.tokenize_fails = worker.httpd.tokenize_fails = True
+        with pytest.raises(EngineRefused, match="Backend request failed"):
+            engine.tokenize("go")
     finally:
         engine.shutdown()

@@ -101,6 +101,24 @@ def test_unknown_skill_set_is_rejected_with_field():
     assert_no_leaks(sch, eng)
 
 
+def test_an_engine_that_cannot_tokenize_rejects_the_goal_not_the_planner(monkeypatch):
+    sch, eng, lis = make()
+
+    def refuse(messages):  # a server's EngineRefused is a ValueError
+        raise ValueError("router: Backend request failed")
+    monkeypatch.setattr(eng, "render_chat", refuse)
+    bad = TaskSpec("x", "r1", "drone", "fly up", LEVELS.get("normal"), eng.now(), "normal")
+    with pytest.raises(TaskRejected) as err:
+        sch.submit(bad)
+    assert err.value.field == "instruction" and "Backend request failed" in err.value.reason
+    assert lis.statuses[-1].state == "rejected"
+    assert_no_leaks(sch, eng)
+    monkeypatch.undo()
+    ok = TaskSpec("y", "r1", "drone", "fly up", LEVELS.get("normal"), eng.now(), "normal")
+    sch.submit(ok)
+    assert sch.tasks["y"].state != "rejected"
+
+
 def test_over_long_instruction_is_rejected_at_exactly_the_budget():
     sch, eng, lis = make()
     drone = SKILL_SETS["drone"]

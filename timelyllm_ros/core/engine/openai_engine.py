@@ -260,6 +260,23 @@ class OpenAIEngine(WallClockIdle, PauselessEngine):
         return list(self._call(self._post_json("/tokenize", body))["tokens"])
 
     async def _post_json(self, path: str, body: dict) -> Any:
+        """A stateless call (tokenize, detokenize). Behind a router, a worker that just died
+        can still be in its ring until the router's health check drops it, and the router
+        then answers with the worker's failure; every worker tokenizes alike, so the call is
+        tried again directly on each worker that reported last (as its /metrics are read)."""
+        retry_on = [] if self._workers is None else [w.url for w in self._workers.live()]
+        try:
+            return await self._post_json_once(path, body)
+        except Exception as err:  # noqa: BLE001 - re-raised below when no worker answers
+            failure = err
+        for worker in retry_on:
+            try:
+                return await self._post_json_once(f"{worker}{path}", body)
+            except Exception:  # noqa: BLE001 - that worker is down too: try the next
+                continue
+        raise failure
+
+    async def _post_json_once(self, path: str, body: dict) -> Any:
         response = await self._client.post(path, json=body)
         if response.status_code >= 400:
             raise EngineRefused(f"{self.label}{path}: {error_text(response.text)}")

@@ -167,7 +167,13 @@ class SegmentScheduler:
                           submit_index=next(state.submissions))
         try:
             skill_set = book.skill_set_of(spec)
-            task.prompt_ids = book.prompt_ids(skill_set, spec.instruction, spec.scene)
+            try:
+                task.prompt_ids = book.prompt_ids(skill_set, spec.instruction, spec.scene)
+            except ValueError as err:
+                # An engine that refuses to tokenize (a server's EngineRefused is a ValueError:
+                # e.g. every worker behind a router down) rejects this goal, not the planner.
+                raise TaskRejected("instruction", f"the engine could not tokenize the prompt: "
+                                   f"{err}") from err
             if spec.max_plan_tokens is not None and not (
                     isinstance(spec.max_plan_tokens, int) and spec.max_plan_tokens >= 1):
                 raise TaskRejected("max_plan_tokens", f"must be an integer >= 1, got "
