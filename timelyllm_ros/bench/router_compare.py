@@ -22,7 +22,7 @@ import httpx
 
 from timelyllm_ros.bench.router_workload import (MeteredRuns, Robots, drone_tasks,
                                                  lrtrace_tasks, make_scheduler, percentile,
-                                                 run_tasks)
+                                                 run_one_after_another, run_tasks)
 from timelyllm_ros.bench.vllm_deployment import Deployment
 from timelyllm_ros.core.engine.base import EngineAdapter
 from timelyllm_ros.core.engine.factory import EngineSpec, build_engine
@@ -84,15 +84,9 @@ def _sequential(placement: str, dep: Deployment, prefix: str, count: int, block:
                 result: PlacementResult) -> None:
     engine = build_placement(placement, dep)
     try:
-        meter = MeteredRuns(engine, dep.worker_urls(), per_run_counters=True)
-        sch = make_scheduler(engine)
-        sch.warm_prefix_cache()
-        robots = Robots(exec_s=0.05)
-        for spec in drone_tasks(prefix, count, engine.now()):
-            sch.submit(spec)
-            run_tasks(sch, robots, timeout_s=300)
-        for run in meter.finish():
-            if run.request_id.startswith(prefix) and run.resume >= 1 and run.cached is not None:
+        sch, runs = run_one_after_another(engine, dep.worker_urls(), prefix, count)
+        for run in runs:
+            if run.resume >= 1 and run.cached is not None:
                 result.resumes += 1
                 result.cached_tokens.append(run.cached)
                 result.whole_blocks.append(run.full_blocks(block))

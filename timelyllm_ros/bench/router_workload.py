@@ -215,5 +215,20 @@ def run_tasks(sch: SegmentScheduler, robots: Robots, timeout_s: float,
             time.sleep(0.005)
 
 
+def run_one_after_another(engine: EngineAdapter, worker_urls: Sequence[str], prefix: str,
+                          count: int) -> tuple[SegmentScheduler, list[RunRecord]]:
+    """`count` drone tasks, each submitted once the one before has ended (every resume finds
+    its plan's prefix where the placement put it); the scheduler and the records of the runs
+    of these tasks, with each run's own prefix-cache hits."""
+    meter = MeteredRuns(engine, worker_urls, per_run_counters=True)
+    sch = make_scheduler(engine)
+    sch.warm_prefix_cache()
+    robots = Robots(exec_s=0.05)
+    for spec in drone_tasks(prefix, count, engine.now()):
+        sch.submit(spec)
+        run_tasks(sch, robots, timeout_s=300)
+    return sch, [r for r in meter.finish() if r.request_id.startswith(prefix)]
+
+
 def percentile(values: Sequence[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if len(values) else None

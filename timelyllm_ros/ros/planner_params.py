@@ -72,6 +72,9 @@ PARAMETERS: dict[str, tuple[Any, int, str, bool, tuple | None]] = {
     "engine.metrics_interval_s": (0.5, _F, "engine.kind openai: the servers' /metrics (KV "
                                   "usage) are read at most this often; the scheduler's KV "
                                   "figures are this old at most", True, (0.01, 60.0)),
+    "engine.reprobe_s": (2.0, _F, "engine.kind openai: a server marked down is asked its "
+                         "/health again (in the background) at most this often; a restarted "
+                         "server gets work again within about this long", True, (0.1, 600.0)),
     "engine.sim_profile": ("", _S, "engine profile YAML for engine.kind sim; empty = default", True, None),
     "engine.profile": ("", _S, "cost model of the real engine (relative to config_dir) for "
                        "policies that predict step times", True, None),
@@ -218,7 +221,8 @@ class PlannerSettings:
                  "max_num_seqs": p["engine.max_num_seqs"],
                  "router": p["engine.router"], "workers": list(p["engine.workers"]),
                  "api_key_env": p["engine.api_key_env"],
-                 "metrics_interval_s": p["engine.metrics_interval_s"]},
+                 "metrics_interval_s": p["engine.metrics_interval_s"],
+                 "reprobe_s": p["engine.reprobe_s"]},
                 profile=profile, scheduling_policy=scheduling)
             model = ", ".join(p["engine.replicas"]) or p["engine.url"]
         else:

@@ -162,3 +162,19 @@ def test_behind_a_router_tokenizing_goes_to_a_worker_that_answers(servers):
             engine.tokenize("go")
     finally:
         engine.shutdown()
+
+
+def test_the_planner_parameters_reach_the_server_client():
+    pytest.importorskip("rclpy")
+    from timelyllm_ros.ros import planner_params
+
+    p = {name: spec[0] for name, spec in planner_params.PARAMETERS.items()}
+    p.update({name: default for name, (_f, default) in planner_params.ENGINE_PARAMS.items()})
+    p.update({"engine.kind": "openai", "engine.url": "http://127.0.0.1:30000",
+              "engine.router": True, "engine.api_key_env": "VLLM_API_KEY",
+              "engine.reprobe_s": 7.5})
+    spec = planner_params.PlannerSettings.from_parameters(p).engine_spec
+    config = OpenAIEngineConfig.from_mapping(dict(spec.openai))
+    assert (config.router, config.api_key_env, config.reprobe_s) == (True, "VLLM_API_KEY", 7.5)
+    # The key's name is a parameter; the key itself is nowhere in what the planner keeps.
+    assert "api_key" not in {k for k in spec.openai if k != "api_key_env"}

@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+from timelyllm_ros.bench.router_workload import run_one_after_another
 from timelyllm_ros.core.engine.factory import EngineSpec, build_engine
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
@@ -53,21 +54,6 @@ def _router_engine(dep):
                                                 "router": True, "max_num_seqs": SEQS}))
 
 
-def _sequential(engine, worker_urls, prefix, count):
-    """`count` tasks one after the other; (scheduler, run records)."""
-    from timelyllm_ros.bench.router_workload import (MeteredRuns, Robots, drone_tasks,
-                                                     make_scheduler, run_tasks)
-
-    meter = MeteredRuns(engine, worker_urls, per_run_counters=True)
-    sch = make_scheduler(engine)
-    sch.warm_prefix_cache()
-    robots = Robots(exec_s=0.05)
-    for spec in drone_tasks(prefix, count, engine.now()):
-        sch.submit(spec)
-        run_tasks(sch, robots, timeout_s=300)
-    return sch, [r for r in meter.finish() if r.request_id.startswith(prefix)]
-
-
 def test_resumes_through_the_router_find_their_prefix_as_directly(deployment):
     engine = _router_engine(deployment)
     try:
@@ -77,14 +63,14 @@ def test_resumes_through_the_router_find_their_prefix_as_directly(deployment):
         assert len(figures) == 2 and all(f["up"] for f in figures)
         assert kv.total_blocks == sum(f["total_blocks"] for f in figures) > 0
         assert kv.block_size == BLOCK and engine.capabilities().max_num_seqs == 2 * SEQS
-        sch, via_router = _sequential(engine, deployment.worker_urls(), "rt", 4)
+        sch, via_router = run_one_after_another(engine, deployment.worker_urls(), "rt", 4)
     finally:
         engine.shutdown()
     assert {t: sch.tasks[t].state for t in sch.tasks} == {f"rt-{i}": "done" for i in range(4)}
     direct = build_engine(EngineSpec.from_params({"kind": "openai",
                                                   "url": deployment.worker_urls()[0]}))
     try:
-        sch, via_direct = _sequential(direct, deployment.worker_urls()[:1], "dt", 4)
+        sch, via_direct = run_one_after_another(direct, deployment.worker_urls()[:1], "dt", 4)
     finally:
         direct.shutdown()
     assert all(t.state == "done" for t in sch.tasks.values())
