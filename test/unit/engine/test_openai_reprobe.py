@@ -43,6 +43,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):  # noqa: N802 - the http.server name
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        if self.path == "/v1/completions":
+            self._complete()
+            return
         if self.path != "/tokenize":
             self.send_error(404)
             return
@@ -52,6 +55,23 @@ class _Handler(BaseHTTPRequestHandler):
             data, status = json.dumps({"tokens": [7, 8, 9]}).encode(), 200
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _complete(self):
+        if self.server.tokenize_fails:  # the router: the worker its hash picked is dead
+            data = b'{"error": {"message": "Request failed: error sending request"}}'
+            self.send_response(502)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
+        chunk = {"choices": [{"text": "ok", "token_ids": [5, 6], "finish_reason": "stop"}]}
+        data = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -156,6 +176,14 @@ def test_behind_a_router_tokenizing_goes_to_a_worker_that_answers(servers):
     try:
         assert engine.render_chat([{"role": "user", "content": "go"}]) == [7, 8, 9]
         assert engine.tokenize("go") == [7, 8, 9]
+        # A run the router cannot place (its hash picked a dead worker) is served by a worker
+        # that answers, directly.
+        engine.add_request(EngineRequest("t#1", [1, 2, 3], 4))
+        outputs = []
+        assert _wait_until(lambda: outputs.extend(engine.step()) or
+                           any(o.finished for o in outputs)), outputs
+        assert [t for o in outputs for t in o.new_token_ids] == [5, 6]
+        assert not [o for o in outputs if o.error] and engine.healthy()
         # With no worker answering either, the router's failure is what the caller sees.
         worker.tokenize_fails = worker.httpd.tokenize_fails = True
         with pytest.raises(EngineRefused, match="Backend request failed"):

@@ -316,25 +316,28 @@ class OpenAIEngine(WallClockIdle, PauselessEngine):
         rid = stream.request_id
         try:
             headers = {SESSION_HEADER: affinity_key(rid)}
-            done = False
             body = completion_body(self.model, self.config, request)
-            async with self._client.stream("POST", "/v1/completions", json=body,
-                                           headers=headers) as response:
-                if response.status_code >= 400:
-                    text = (await response.aread()).decode(errors="replace")
-                    opened.set_exception(EngineRefused(
-                        f"server {self.label} refused the request: {error_text(text)}"))
-                    return
-                opened.set_result(True)
-                async for line in response.aiter_lines():
-                    if not line.startswith("data: "):
+            outcome = await self._stream_from("/v1/completions", rid, body, headers, opened)
+            if isinstance(outcome, tuple) and outcome[0] >= 500 and self._workers is not None:
+                # The router could not reach the worker its hash picked (dead, and still in
+                # its ring until its health check drops it): the run goes straight to a
+                # worker that answers, where the router itself sends it once the dead one
+                # is dropped; only the prefix cache is lost, as on a failover.
+                for worker in self._workers.live():
+                    try:
+                        outcome = await self._stream_from(f"{worker.url}/v1/completions", rid,
+                                                          body, headers, opened)
+                    except Exception:  # noqa: BLE001 - that worker is down too: the next
+                        if opened.done():
+                            raise  # it broke off mid-stream: handled below
                         continue
-                    data = line[6:]
-                    if data.strip() == "[DONE]":
-                        done = True
+                    if not isinstance(outcome, tuple):
                         break
-                    self._on_chunk(rid, json.loads(data))
-            if not done:
+            if isinstance(outcome, tuple):
+                opened.set_exception(EngineRefused(
+                    f"server {self.label} refused the request: {outcome[1]}"))
+                return
+            if not outcome:
                 # A server always ends a stream with [DONE]; a proxy in between (vllm-router)
                 # closes it cleanly when the worker behind it dies.
                 raise ConnectionError("the stream ended before [DONE]")
@@ -357,6 +360,25 @@ class OpenAIEngine(WallClockIdle, PauselessEngine):
                 return
             self._mark_down(reason)
             self._events.put(StreamEvent(rid, finish_reason="error", error=self._down_reason))
+
+    async def _stream_from(self, target: str, rid: str, body: dict, headers: dict,
+                           opened: asyncio.Future) -> bool | tuple[int, str]:
+        """One attempt at `target`: (status, message) when it answers an error status
+        (`opened` untouched); else `opened` is set, every chunk becomes an event, and the
+        result says whether the stream ended with [DONE]."""
+        async with self._client.stream("POST", target, json=body, headers=headers) as response:
+            if response.status_code >= 400:
+                text = (await response.aread()).decode(errors="replace")
+                return response.status_code, error_text(text)
+            opened.set_result(True)
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data.strip() == "[DONE]":
+                    return True
+                self._on_chunk(rid, json.loads(data))
+        return False
 
     def _on_chunk(self, rid: str, chunk: dict) -> None:
         self._events.put(parse_chunk(rid, chunk, self.label))
