@@ -170,7 +170,7 @@ def test_a_replica_that_died_mid_run_gets_new_plans_again_after_it_restarts(serv
         engine.shutdown()
 
 
-def test_behind_a_router_tokenizing_goes_to_a_worker_that_answers(servers):
+def test_behind_a_router_tokenizing_and_runs_go_to_a_worker_that_answers(servers):
     router, worker = servers(tokenize_fails=True), servers()
     engine = OpenAIEngine(_config(router, router=True, workers=(worker.url,)))
     try:

@@ -259,19 +259,25 @@ class OpenAIEngine(WallClockIdle, PauselessEngine):
         body = {"model": self.model, "messages": messages, "add_generation_prompt": True}
         return list(self._call(self._post_json("/tokenize", body))["tokens"])
 
+    def _direct_targets(self, path: str) -> list[str]:
+        """Behind a router, `path` on each worker that reported last, tried directly when the
+        router fails a call: a worker that just died stays in the router's ring until its
+        health check drops it, and the router answers with that worker's failure meanwhile.
+        Empty for a plain server."""
+        if self._workers is None:
+            return []
+        return [f"{worker.url}{path}" for worker in self._workers.live()]
+
     async def _post_json(self, path: str, body: dict) -> Any:
-        """A stateless call (tokenize, detokenize). Behind a router, a worker that just died
-        can still be in its ring until the router's health check drops it, and the router
-        then answers with the worker's failure; every worker tokenizes alike, so the call is
-        tried again directly on each worker that reported last (as its /metrics are read)."""
-        retry_on = [] if self._workers is None else [w.url for w in self._workers.live()]
+        """A stateless call (tokenize, detokenize); every worker answers it alike, so behind a
+        router a failed call is tried again on the workers directly (`_direct_targets`)."""
         try:
             return await self._post_json_once(path, body)
         except Exception as err:  # noqa: BLE001 - re-raised below when no worker answers
             failure = err
-        for worker in retry_on:
+        for target in self._direct_targets(path):
             try:
-                return await self._post_json_once(f"{worker}{path}", body)
+                return await self._post_json_once(target, body)
             except Exception:  # noqa: BLE001 - that worker is down too: try the next
                 continue
         raise failure
@@ -318,15 +324,13 @@ class OpenAIEngine(WallClockIdle, PauselessEngine):
             headers = {SESSION_HEADER: affinity_key(rid)}
             body = completion_body(self.model, self.config, request)
             outcome = await self._stream_from("/v1/completions", rid, body, headers, opened)
-            if isinstance(outcome, tuple) and outcome[0] >= 500 and self._workers is not None:
-                # The router could not reach the worker its hash picked (dead, and still in
-                # its ring until its health check drops it): the run goes straight to a
-                # worker that answers, where the router itself sends it once the dead one
-                # is dropped; only the prefix cache is lost, as on a failover.
-                for worker in self._workers.live():
+            if isinstance(outcome, tuple) and outcome[0] >= 500:
+                # The router could not reach the worker its hash picked: the run goes to one
+                # that answers, where the router itself sends it once the dead one is dropped;
+                # only the prefix cache is lost, as on a failover.
+                for target in self._direct_targets("/v1/completions"):
                     try:
-                        outcome = await self._stream_from(f"{worker.url}/v1/completions", rid,
-                                                          body, headers, opened)
+                        outcome = await self._stream_from(target, rid, body, headers, opened)
                     except Exception:  # noqa: BLE001 - that worker is down too: the next
                         if opened.done():
                             raise  # it broke off mid-stream: handled below
