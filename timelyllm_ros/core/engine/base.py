@@ -89,6 +89,11 @@ class StepTiming:
     batch_size: int = 0
     prefill_tokens: int = 0
     extra: dict = field(default_factory=dict)
+    # A fleet whose replicas step on their own (the simulated fleet): the index of the replica
+    # that ran the step and that replica's batch; `batch_size` stays the whole fleet's running
+    # count, the batch of the one engine the scheduler otherwise sees. None for one engine.
+    replica: int | None = None
+    replica_batch_size: int = 0
 
 
 @dataclass(frozen=True)
@@ -186,6 +191,11 @@ class EngineAdapter(Protocol):
 
     def kv_usage(self) -> KvUsage: ...
 
+    def replica_for(self, request_id: str) -> int | None:
+        """Index of the replica of a fleet that runs `request_id`, or would run it if it were
+        submitted now (a resume: its task's replica; a new plan: the router's pick); None for
+        one engine."""
+
     def last_step_timing(self) -> StepTiming: ...
 
     def advance_idle(self, until: float) -> None:
@@ -225,6 +235,9 @@ class PauselessEngine:
 
     def paused_generations(self) -> list[ParkedGeneration]:
         return []
+
+    def replica_for(self, request_id: str) -> int | None:
+        return None
 
     def tokenize(self, text: str) -> list[int]:
         raise NotImplementedError

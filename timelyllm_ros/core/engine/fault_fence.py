@@ -146,6 +146,9 @@ class FencedEngine:
     def last_step_timing(self) -> StepTiming:
         return self.inner.last_step_timing()
 
+    def replica_for(self, request_id: str) -> int | None:
+        return self.inner.replica_for(request_id)
+
     def advance_idle(self, until: float) -> None:
         self.inner.advance_idle(until)
 

@@ -89,6 +89,7 @@ class ReplicaEngine(PauselessEngine):
         self._where: dict[str, Replica] = {}      # run id -> replica
         self._task_home: OrderedDict[str, Replica] = OrderedDict()  # affinity key -> replica
         self._last_timing = StepTiming()
+        self._index = {id(r): i for i, r in enumerate(self.replicas)}  # replica -> its index
         for replica in self.replicas:
             self._try_build(replica)
         live = [r for r in self.replicas if r.engine is not None]
@@ -124,12 +125,16 @@ class ReplicaEngine(PauselessEngine):
 
     def _pick(self, exclude: Replica | None = None) -> Replica:
         self._reprobe()
-        live = [r for r in self.replicas if r is not exclude and r.up()]
-        if not live:
+        replica = self._most_free(exclude)
+        if replica is None:
             reasons = "; ".join(f"{r.name}: {r.down_reason or 'unhealthy'}"
                                 for r in self.replicas)
             raise NoReplicaAvailable(f"no replica can take the request ({reasons})")
-        return max(live, key=self._capacity)
+        return replica
+
+    def _most_free(self, exclude: Replica | None = None) -> Replica | None:
+        live = [r for r in self.replicas if r is not exclude and r.up()]
+        return max(live, key=self._capacity) if live else None
 
     def _route(self, request: EngineRequest) -> Replica:
         key = affinity_key(request.request_id)
@@ -150,6 +155,17 @@ class ReplicaEngine(PauselessEngine):
     def replica_of(self, request_id: str) -> str | None:
         replica = self._where.get(request_id) or self._task_home.get(affinity_key(request_id))
         return None if replica is None else replica.name
+
+    def replica_for(self, request_id: str) -> int | None:
+        """The replica `request_id` runs on, or the one `_route` would give it now (its task's
+        home while that is up, else the most free replica); None while no replica is up. No
+        side effect: nothing is placed or probed."""
+        replica = self._where.get(request_id)
+        if replica is None:
+            replica = self._task_home.get(affinity_key(request_id))
+            if replica is None or not replica.up():
+                replica = self._most_free()
+        return None if replica is None else self._index[id(replica)]
 
     # -- requests --------------------------------------------------------------------------
     def _submit_to(self, replica: Replica) -> None:

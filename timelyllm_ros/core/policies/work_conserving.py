@@ -30,6 +30,7 @@ policy keeps TimelyLLM's priority (PUD scaled by slack, Eq. 4) and changes when 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -38,7 +39,7 @@ import numpy as np
 from timelyllm_ros.core.engine.base import DISCARD, PRESERVE
 from timelyllm_ros.core.policies.builtin import TimelyPolicy
 from timelyllm_ros.core.policies.prefill_hold import FirstSegmentLengths, PrefillHold
-from timelyllm_ros.core.sched.admission import BatchSpeedModel
+from timelyllm_ros.core.sched.admission import BatchSpeedModel, ReplicaSpeed
 from timelyllm_ros.core.sched.interface import (AdmissionController, AdmissionPass, Candidate,
                                                 CandidateAdmission, PauseInfo, RunningGen,
                                                 SchedulerContext)
@@ -87,11 +88,23 @@ class ResponseFirstAdmission(CandidateAdmission):
     the resume's whole context); otherwise resumes run as fast as the batch allows. With
     `cap_between_responses` the cap holds at every step, since a response can arrive at any
     moment and joins whatever batch is running. Responses themselves may be held for a pass
-    (`prefill_hold`)."""
+    (`prefill_hold`).
+
+    On a fleet whose replicas step on their own (the engine reports `StepTiming.replica`), all
+    of this holds per replica: a resume slows only the replica it goes to. Each replica's step
+    is learnt against its own batch (`ReplicaSpeed`), a resume is predicted from the running
+    count on its replica (`Candidate.replica`) plus one and capped at that replica's fastest
+    step, only where a response runs on that replica (every replica with
+    `cap_between_responses`), and only the resumes on a replica whose own measured step is over
+    its cap yield. A refused resume no longer ends the walk while another replica may still
+    take one. A fleet reported as one engine (`ReplicaEngine` over servers steps them all in
+    one call) is reasoned about as one engine."""
 
     # The walk stops at the first refusal, as vLLM's waiting queue does: first segments rank
     # above every resume, and once one resume is refused for the step cap every later one is
     # (the batch only grows during a pass), so walking on would only cost time in overload.
+    # On a fleet that holds per replica: the walk goes on past a resume refused on one replica
+    # until every replica has refused one (`_resume_on_replica` sets it per refusal).
     skip_refused = False
 
     def __init__(self, max_num_seqs: int | None = None, step_factor: float = 1.75,
@@ -110,10 +123,25 @@ class ResponseFirstAdmission(CandidateAdmission):
         self.cap_between_responses = bool(cap_between_responses)
         # Queued responses that wait for a running one (core.policies.prefill_hold).
         self.prefill_hold = prefill_hold
+        # Per replica of a fleet (empty on one engine), and this pass's view of them: each
+        # replica's cap (absent: no cap there), running count and running responses (the batch
+        # as far as `_counted`), and the replicas closed to resumes.
+        self.replica_speeds: dict[int, ReplicaSpeed] = {}
+        self._replica_caps: dict[int, float] = {}
+        self._running_on: Counter = Counter()
+        self._responses_on: dict[int | None, list[RunningGen]] = {}
+        self._counted = 0
+        self._closed: set[int] = set()
 
     def begin_pass(self, admission_pass: AdmissionPass) -> None:
         self._pass_s = admission_pass.now
         self._step_cap_s = self._cap(admission_pass.running, admission_pass.now)
+        if self.replica_speeds:
+            running = admission_pass.running
+            self._replica_caps = self._replica_cap_map(running, admission_pass.now)
+            self._running_on, self._responses_on, self._counted = Counter(), {}, 0
+            self._closed = set()
+            self._see(running)
         if self.prefill_hold is not None:
             rate = admission_pass.rate
             fastest = self.speed_model.fastest_step_s
@@ -132,8 +160,55 @@ class ResponseFirstAdmission(CandidateAdmission):
         fastest = self.speed_model.fastest_step_s
         return None if fastest is None else self.step_factor * fastest
 
+    def _replica_cap_map(self, running: Sequence[RunningGen], now: float) -> dict[int, float]:
+        """`_cap` for each replica of a fleet: the replicas where a response due within
+        `horizon_s` runs (all with `cap_between_responses`), with their caps."""
+        factor = self.step_factor
+        if self.cap_between_responses:
+            return {r: factor * speed.model.fastest_step_s
+                    for r, speed in self.replica_speeds.items()
+                    if speed.model.fastest_step_s is not None}
+        due = now + self.horizon_s
+        caps = {}
+        for g in running:
+            if g.segment_index == 0 and g.deadline_s <= due and g.replica not in caps:
+                speed = self.replica_speeds.get(g.replica)
+                if speed is not None and speed.model.fastest_step_s is not None:
+                    caps[g.replica] = factor * speed.model.fastest_step_s
+        return caps
+
+    def _see(self, batch: Sequence[RunningGen]) -> None:
+        """Count, per replica, the generations of `batch` not yet counted (those the walk
+        admitted since the last candidate; it only appends during a pass)."""
+        if len(batch) < self._counted:  # (a displacement shrank it: count again)
+            self._running_on, self._responses_on, self._counted = Counter(), {}, 0
+        for g in batch[self._counted:]:
+            self._running_on[g.replica] += 1
+            if g.segment_index == 0:
+                self._responses_on.setdefault(g.replica, []).append(g)
+        self._counted = len(batch)
+
+    def _resume_on_replica(self, batch: Sequence[RunningGen],
+                           replica: int) -> tuple[bool, str]:
+        self._see(batch)
+        cap = self._replica_caps.get(replica)
+        if cap is None:
+            return True, f"no running response to protect on replica {replica}"
+        size = self._running_on[replica] + 1
+        step = self.replica_speeds[replica].model.step_time_s(size)
+        if step is not None and step > cap:
+            # Its replica's batch only grows during the pass, so every later resume there is
+            # refused too; the walk goes on while another replica may still take one.
+            self._closed.add(replica)
+            self.skip_refused = len(self._closed) < len(self.replica_speeds)
+            return False, (f"resume refused: a step of replica {replica} with {size} sequences "
+                           f"would take {step * 1e3:.1f} ms, over {cap * 1e3:.1f} ms while "
+                           f"responses run there")
+        return True, f"responses on replica {replica} stay fast"
+
     def may_admit_candidate(self, batch: Sequence[RunningGen], candidate: Candidate,
                             free_kv_blocks: int) -> tuple[bool, str]:
+        self.skip_refused = False  # (but for a resume refused on one replica of a fleet)
         if candidate.blocks_needed > free_kv_blocks:
             if candidate.segment_index == 0:
                 self._response_refused_kv_s = self._pass_s
@@ -142,13 +217,23 @@ class ResponseFirstAdmission(CandidateAdmission):
             return False, f"all {self.max_num_seqs} slots taken"
         if candidate.segment_index == 0:
             hold = self.prefill_hold
-            protected = None if hold is None else hold.response_to_protect(batch, candidate)
+            protected = None
+            if hold is not None:
+                if self.replica_speeds and candidate.replica is not None:
+                    # A prefill slows only the responses on its own replica.
+                    self._see(batch)
+                    protected = hold.response_to_protect(
+                        self._responses_on.get(candidate.replica, ()), candidate)
+                else:
+                    protected = hold.response_to_protect(batch, candidate)
             if protected is not None:
                 return False, (f"response held: its {candidate.prefill_tokens}-token prefill "
                                f"would make {protected.key} late")
             if hold is not None:
                 hold.note_admitted(candidate)
             return True, "a response: admitted whenever it fits"
+        if self.replica_speeds and candidate.replica is not None:
+            return self._resume_on_replica(batch, candidate.replica)
         cap = self._step_cap_s
         if cap is None:
             return True, "no running response to protect"
@@ -165,17 +250,37 @@ class ResponseFirstAdmission(CandidateAdmission):
         # prefill its whole context again, in steps that carry responses. Measured on the KV-
         # limited profiles (docs/bench.md, "The step cap"): fp8-rtx4080 mixed-fleet-long
         # -0.304 with these yields, 0.422 without.
-        if self._response_refused_kv_s == now:
-            return None
+        if self._response_refused_kv_s == now or self.replica_speeds:
+            return None  # (a fleet's replicas yield by key: yield_keys)
         cap = self._cap(running, now)
         if cap is None or rate is None or not rate > 0:
             return None
         # `rate` is one generation's measured tokens/s, i.e. 1 / the recent step time.
         return _RESPONSE_OFFSET if 1.0 / rate > cap else None
 
+    def yield_keys(self, running: Sequence[RunningGen], now: float) -> list[str]:
+        """On a fleet: the running resumes on replicas whose own recent step is over their cap
+        (`yield_below` for one engine)."""
+        if not self.replica_speeds or self._response_refused_kv_s == now:
+            return []
+        over = set()
+        for replica, cap in self._replica_cap_map(running, now).items():
+            step = self.replica_speeds[replica].recent_step_s()
+            if step is not None and step > cap:
+                over.add(replica)
+        if not over:
+            return []
+        return [g.key for g in running if g.segment_index > 0 and g.replica in over]
+
     def note_step(self, duration_s: float | None = None, batch_size: int | None = None) -> None:
         if duration_s is not None and batch_size is not None:
             self.speed_model.record(int(batch_size), duration_s)
+
+    def note_replica_step(self, replica: int, duration_s: float, batch_size: int) -> None:
+        speed = self.replica_speeds.get(replica)
+        if speed is None:
+            speed = self.replica_speeds[replica] = ReplicaSpeed(self.speed_model.window)
+        speed.record(int(batch_size), duration_s)
 
 
 @dataclass

@@ -11,8 +11,10 @@ Every controller here is an `AdmissionController` (core.sched.interface), so the
 swap them: `may_admit(running, rate, free_kv_blocks, blocks_needed) -> (bool, reason)`, plus
 `note_admission()` after it actually admitted and `note_step(duration_s=None, batch_size=None)`
 after each engine step (the step's measurements feed `LatencyGuidedAdmission`'s speed model;
-without them it assumes the current speed and relies on the lag). `with_batch_cap` puts a fixed
-cap in front of any controller, a policy's own candidate-aware one included.
+without them it assumes the current speed and relies on the lag); on a fleet whose replicas
+step on their own, also `note_replica_step(replica, duration_s, batch_size)` (`ReplicaSpeed`).
+`with_batch_cap` puts a fixed cap in front of any controller, a policy's own candidate-aware
+one included.
 """
 
 from __future__ import annotations
@@ -142,6 +144,27 @@ class BatchSpeedModel:
     def reset(self) -> None:
         self._steps.clear()
         self.fastest_step_s = None
+
+
+class ReplicaSpeed:
+    """One replica's step times on a fleet whose replicas step on their own
+    (`StepTiming.replica`): a `BatchSpeedModel` of its steps against its own batch, and the mean
+    of its last `recent_steps` steps (what the scheduler's `TokenRateMeter` measures for one
+    engine, over `SchedulerConfig.rate_window_steps`, 8 by default)."""
+
+    def __init__(self, window: int = 16, recent_steps: int = 8):
+        self.model = BatchSpeedModel(window)
+        self._recent = TokenRateMeter(recent_steps)
+
+    def record(self, batch_size: int, duration_s: float) -> None:
+        self.model.record(batch_size, duration_s)
+        if batch_size > 0 and duration_s > 0:
+            self._recent.record(duration_s, 1)
+
+    def recent_step_s(self) -> float | None:
+        """Mean duration of its last steps, None before one was measured."""
+        rate = self._recent.rate
+        return None if rate is None else 1.0 / rate
 
 
 class LatencyGuidedAdmission(AdmissionController):
@@ -287,6 +310,9 @@ class _CappedAdmission(AdmissionController):
     def note_step(self, duration_s: float | None = None, batch_size: int | None = None) -> None:
         self.inner.note_step(duration_s, batch_size)
 
+    def note_replica_step(self, replica: int, duration_s: float, batch_size: int) -> None:
+        self.inner.note_replica_step(replica, duration_s, batch_size)
+
 
 class _CappedCandidateAdmission(CandidateAdmission):
     """A fixed batch cap in front of a candidate-aware controller."""
@@ -294,8 +320,12 @@ class _CappedCandidateAdmission(CandidateAdmission):
     def __init__(self, cap: int, inner: CandidateAdmission):
         self.cap = FixedBatchCap(cap).cap
         self.inner = inner
-        self.skip_refused = inner.skip_refused
         self.reads_preserved_blocks = inner.reads_preserved_blocks
+
+    @property
+    def skip_refused(self) -> bool:
+        # Read at each refusal: the inner controller may decide it per refusal.
+        return self.inner.skip_refused
 
     def begin_pass(self, admission_pass: AdmissionPass) -> None:
         self.inner.begin_pass(admission_pass)
@@ -323,6 +353,9 @@ class _CappedCandidateAdmission(CandidateAdmission):
 
     def note_step(self, duration_s: float | None = None, batch_size: int | None = None) -> None:
         self.inner.note_step(duration_s, batch_size)
+
+    def note_replica_step(self, replica: int, duration_s: float, batch_size: int) -> None:
+        self.inner.note_replica_step(replica, duration_s, batch_size)
 
 
 def with_batch_cap(cap: int, inner: AdmissionController) -> AdmissionController:

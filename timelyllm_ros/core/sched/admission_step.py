@@ -205,6 +205,7 @@ class AdmissionStep:
         task_seq = view.task_seq[rows].tolist()
         admission = self.controller
         tasks, shared_of, paused = state.tasks, state.shared_of, state.paused
+        replica_for = state.engine.replica_for
         # Read when first asked, and by the walk until it changes the engine (preserved_blocks.py).
         preserved = PreservedBlocks(paused, self._preserved_blocks_of)
         admission.begin_pass(AdmissionPass(
@@ -226,7 +227,8 @@ class AdmissionStep:
             tuf = task.spec.tuf
             cand = Candidate(task_id, task_seq[j], context[j], bounds[j], prefill[j], need,
                              deadlines[j], urgent[j], seg_index[j], task.spec.skill_set,
-                             shared_of.get(task_id, 0), tuf.initial_utility, tuf.slope_per_s)
+                             shared_of.get(task_id, 0), tuf.initial_utility, tuf.slope_per_s,
+                             replica_for(_next_run_id(task)))
             plan = self._room_for(task, need, refused_parked, now)
             ok, _why = admission.may_admit_candidate(
                 batch, cand, free if plan is None else max(free, plan.free_after))
@@ -260,7 +262,8 @@ class AdmissionStep:
                 batch.append(RunningGen(task_id, cand.context_tokens, 0, cand.bound_tokens,
                                         cand.deadline_s, cand.is_urgent, cand.skill_set,
                                         cand.shared_tokens, cand.segment_index,
-                                        cand.initial_utility, cand.slope))
+                                        cand.initial_utility, cand.slope,
+                                        replica_for(task.engine_request_id)))
                 free -= need
             admitted.append(task.submit_index)
         return admitted
@@ -283,6 +286,7 @@ class AdmissionStep:
         """The running batch, as candidate-aware admission controllers see it. `known`: records
         built at this `now` of generations that have not run a step since (they are reused)."""
         run_bound, shared_of = self.state.run_bound, self.state.shared_of
+        replica_for = self.state.engine.replica_for
         reuse = {g.key: g for g in known} if known else {}
         out = []
         for rid, task in self.state.running.items():
@@ -296,7 +300,7 @@ class AdmissionStep:
                                   run_bound.get(rid, 0), deadline_of(task, now),
                                   task.spec.is_urgent, task.spec.skill_set,
                                   shared_of.get(task.task_id, 0), len(task.segments),
-                                  tuf.initial_utility, tuf.slope_per_s))
+                                  tuf.initial_utility, tuf.slope_per_s, replica_for(rid)))
         return out
 
     def free_blocks(self) -> int:
@@ -348,7 +352,7 @@ class AdmissionStep:
         # vLLM compiles each distinct grammar once, and a compile costs seconds on a small CPU.
         program = skill_set.output_regex()
         generated_ids = task.generated.token_ids
-        request_id = f"{task.task_id}#{task.engine_requests}"
+        request_id = _next_run_id(task)
         task.engine_requests += 1
         resuming = bool(task.segments) or bool(generated_ids)
         if resuming:
@@ -396,3 +400,9 @@ class AdmissionStep:
             task_id=task.task_id, is_urgent=task.spec.is_urgent,
             deadline_s=deadline_of(task, now), bound_tokens=bound_of(task, skill_set),
             context_tokens=context_of(task), skill_set=skill_set.name), now)
+
+
+def _next_run_id(task: TaskRecord) -> str:
+    """The engine request id of `task`'s next run (`<task>#<n>`: the replica router's
+    affinity key is the part before the last `#`)."""
+    return f"{task.task_id}#{task.engine_requests}"

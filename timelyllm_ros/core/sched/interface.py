@@ -138,6 +138,10 @@ class StepInfo:
     batch_size: int
     prefill_tokens: int
     context_tokens: int  # sum of the running generations' contexts after the step
+    # On a fleet whose replicas step on their own (`StepTiming.replica`): the replica that ran
+    # this step and its own batch (`batch_size` is then the whole fleet's running count).
+    replica: int | None = None
+    replica_batch_size: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +164,8 @@ class RunningGen:
     # (a resume's deadline is when the robot finishes the previous segment: TUF.for_suspended).
     initial_utility: float = 0.0
     slope: float = 0.0
+    # The replica of a fleet it runs on (`EngineAdapter.replica_for`); None on one engine.
+    replica: int | None = None
 
     @property
     def remaining_tokens(self) -> int:
@@ -184,6 +190,9 @@ class Candidate:
     # Its task's TUF, as for RunningGen.
     initial_utility: float = 0.0
     slope: float = 0.0
+    # The replica of a fleet it would run on if admitted now (a resume: its task's replica; a
+    # new plan: the router's placement); None on one engine.
+    replica: int | None = None
 
 
 @dataclass(frozen=True)
@@ -241,6 +250,11 @@ class AdmissionController(ABC):
 
     def note_step(self, duration_s: float | None = None, batch_size: int | None = None) -> None:
         """An engine step ran."""
+
+    def note_replica_step(self, replica: int, duration_s: float, batch_size: int) -> None:
+        """The step `note_step` just reported ran on one replica of a fleet, with `batch_size`
+        sequences of its own (`StepTiming.replica`); a controller that sees the fleet as one
+        engine ignores it."""
 
 
 class CandidateAdmission(AdmissionController):

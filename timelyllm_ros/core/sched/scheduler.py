@@ -257,6 +257,9 @@ class SegmentScheduler:
         if timing.duration_s > 0 and outputs:
             state.rate.record(timing.duration_s, 1)
         self.admission.controller.note_step(timing.duration_s, timing.batch_size)
+        if timing.replica is not None:
+            self.admission.controller.note_replica_step(timing.replica, timing.duration_s,
+                                                        timing.replica_batch_size)
         gate = self.admission.gate
         if gate is not None and timing.batch_size > 0:
             gate.note_decode_round(timing.batch_size)
@@ -264,7 +267,8 @@ class SegmentScheduler:
             self.policy.on_step(StepInfo(
                 step=state.stats.steps, duration_s=timing.duration_s,
                 batch_size=timing.batch_size, prefill_tokens=timing.prefill_tokens,
-                context_tokens=state.running_context))
+                context_tokens=state.running_context, replica=timing.replica,
+                replica_batch_size=timing.replica_batch_size))
         now = engine.now()
         consume = self.outputs.consume
         for output in outputs:

@@ -131,6 +131,9 @@ class SimulatedEngine(PauseHandling, PrefixCachedKv, RequestQueues):
     def last_step_timing(self) -> StepTiming:
         return self._last_timing
 
+    def replica_for(self, request_id: str) -> int | None:
+        return None  # one engine, not a fleet
+
     def shutdown(self) -> None:
         for rid in list(self._by_id) + list(self._paused):
             self.abort_request(rid)

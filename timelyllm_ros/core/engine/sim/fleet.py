@@ -26,12 +26,14 @@ Placement is the router's (inherited from `ReplicaEngine`): a new plan goes to t
 the most free KV, then free slots, then the fewest plans; each resume goes to its task's home.
 
 What the scheduler is told about the fleet: KV blocks and slots summed over the replicas, the
-profile of one replica, and, as `last_step_timing()`, the released step's duration with the
-whole fleet's running count as its batch (a balanced fleet of R replicas with B sequences in
-all steps as fast as one replica with B/R: that is the step-time-against-batch relation the
-admission learns for the fleet as a whole). Between releases, KV use and running counts are
-read from the engines, whose state is that at the end of their step in flight (at most one
-step ahead of the common clock, like the metrics a real router reads).
+profile of one replica, which replica runs each run and would run each queued one
+(`replica_for`), and, as `last_step_timing()`, the released step's duration, its replica and
+that replica's batch (`StepTiming.replica`, `replica_batch_size`), with the whole fleet's
+running count as `batch_size` for an admission that sees the fleet as one engine. The default
+policy's admission learns each replica's step time against that replica's batch
+(`core.policies.work_conserving.ResponseFirstAdmission`). Between releases, KV use and running
+counts are read from the engines, whose state is that at the end of their step in flight (at
+most one step ahead of the common clock, like the metrics a real router reads).
 
 One replica behaves exactly as the engine alone (test_fleet.py checks it step by step).
 """
@@ -67,7 +69,6 @@ class SimulatedFleet(ReplicaEngine):
         super().__init__([Replica(f"replica{i}", build=(lambda i=i: build(i)))
                           for i in range(replicas)])
         self._clock = max(r.engine.now() for r in self.replicas)
-        self._order = {id(r): i for i, r in enumerate(self.replicas)}
         self._in_flight: dict[int, _Flight] = {}  # replica index -> its step in flight
         self.steps_per_replica = [0] * replicas
 
@@ -81,14 +82,14 @@ class SimulatedFleet(ReplicaEngine):
             self._clock = float(until)
 
     def _submit_to(self, replica: Replica) -> None:
-        if self._order[id(replica)] not in self._in_flight:
+        if self._index[id(replica)] not in self._in_flight:
             replica.engine.advance_idle(self._clock)
 
     # -- requests --------------------------------------------------------------------------
     def abort_request(self, request_id: str) -> None:
         replica = self._where.get(request_id)
         if replica is not None:
-            flight = self._in_flight.get(self._order[id(replica)])
+            flight = self._in_flight.get(self._index[id(replica)])
             if flight is not None:
                 flight.aborted.add(request_id)
         super().abort_request(request_id)
@@ -113,9 +114,8 @@ class SimulatedFleet(ReplicaEngine):
             self._note_output(out)
         self._last_timing = StepTiming(
             duration_s=flight.timing.duration_s, batch_size=self.num_running(),
-            prefill_tokens=flight.timing.prefill_tokens,
-            extra={**flight.timing.extra, "replica": self.replicas[index].name,
-                   "replica_batch_size": flight.timing.batch_size})
+            prefill_tokens=flight.timing.prefill_tokens, extra=dict(flight.timing.extra),
+            replica=index, replica_batch_size=flight.timing.batch_size)
         return outputs
 
     def has_unfinished_requests(self) -> bool:
