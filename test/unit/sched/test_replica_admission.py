@@ -14,9 +14,10 @@ from timelyllm_ros.bench.engines import engine_spec
 from timelyllm_ros.bench.fleet_scale import fleet_workload, single_task_events
 from timelyllm_ros.bench.replay import run_policy
 from timelyllm_ros.bench.workloads import load_bench_workload
-from timelyllm_ros.core.engine.base import StepTiming
+from timelyllm_ros.core.engine.base import EngineRequest, StepTiming
 from timelyllm_ros.core.engine.cost_model import EngineProfile
 from timelyllm_ros.core.engine.factory import build_engine
+from timelyllm_ros.core.engine.sim.engine import SimulatedEngine
 from timelyllm_ros.core.engine.sim.fleet import SimulatedFleet
 from timelyllm_ros.core.policies.prefill_hold import PrefillHold
 from timelyllm_ros.core.policies.work_conserving import ResponseFirstAdmission
@@ -178,3 +179,17 @@ def test_on_a_simulated_fleet_reasoning_per_replica_makes_fewer_urgent_tasks_lat
         urgent = [t for t in run.tasks if t.tuf_level == "urgent"]
         late[fleet_class] = sum(1 for t in urgent if not t.response_time_s <= t.ert_s)
     assert late[SimulatedFleet] * 2 < late[FleetSeenAsOneEngine], late
+
+
+def test_the_fleet_names_a_run_s_replica_before_and_after_it_is_placed():
+    fleet = SimulatedFleet(lambda _i: SimulatedEngine(), 2)
+    placed = {}
+    for task in ("a", "b", "c"):
+        before = fleet.replica_for(f"{task}#0")  # a new plan: where the router would put it
+        fleet.add_request(EngineRequest(f"{task}#0", list(range(40)), max_tokens=4,
+                                        scripted_text=" go"))
+        placed[task] = fleet.replica_for(f"{task}#0")
+        assert before == placed[task]
+    assert set(placed.values()) == {0, 1}  # the router spread them
+    assert fleet.replica_for("a#1") == placed["a"]  # a resume: its task's replica
+    assert SimulatedEngine().replica_for("a#0") is None  # one engine
