@@ -105,4 +105,4 @@ def test_resume_weight_scales_what_a_resumes_lateness_costs():
         adm = PredictiveAdmission(StepTimeModel(PROFILE), step_token_budget=8192,
                                   kv_block_size=16, resume_weight=weight)
         assert adm.running_set(running).slope.tolist() == expected
-    assert get_policy(POLICY).resume_weight == 1.0
+    assert get_policy(POLICY).resume_weight == 0.0  # responses first: docs/batch-control.md

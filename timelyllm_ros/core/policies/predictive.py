@@ -21,13 +21,22 @@ import numpy as np
 from timelyllm_ros.core.policies.builtin import TimelyPolicy
 from timelyllm_ros.core.policies.work_conserving import (preserve_within_share,
                                                          responses_first)
+from timelyllm_ros.core.sched.arrival_rates import ArrivalRates
 from timelyllm_ros.core.sched.decision import (BatchDecision, CandidateQueue, DecisionSnapshot,
-                                               RunningSet, StepCoefficients, decide)
+                                               IncomingResponses, RunningSet,
+                                               StepCoefficients, decide)
 from timelyllm_ros.core.sched.interface import (AdmissionController, AdmissionPass, Candidate,
                                                 CandidateAdmission, PauseInfo, RunningGen,
                                                 SchedulerContext, StepInfo)
+from timelyllm_ros.core.sched.preserved_blocks import held_by
 from timelyllm_ros.core.sched.queue_view import QueueView
 from timelyllm_ros.core.sched.step_model import StepTimeModel
+
+
+# The first-segment length distribution is passed to the decision as this many equally likely
+# values (the midpoints of as many equal-probability bins): a numerical resolution, not a
+# policy setting (docs/batch-control.md: 4, 8 and 16 decide alike).
+LENGTH_QUANTILES = 8
 
 
 class FirstSegmentMeans:
@@ -42,6 +51,8 @@ class FirstSegmentMeans:
         self._sum: dict = {}
         self._count: dict = {}
         self._watching: dict[str, tuple[str, int, int]] = {}
+        # Per segment bound: how many first segments had each length (index = tokens).
+        self._lengths: dict[int, np.ndarray] = {}
 
     def observe(self, running: Sequence[RunningGen]) -> None:
         still = {g.key: (g.skill_set, g.bound_tokens, g.tokens_this_run) for g in running
@@ -51,6 +62,8 @@ class FirstSegmentMeans:
                 for group in (skill_set, ("bound", bound)):
                     self._sum[group] = self._sum.get(group, 0.0) + max(1, tokens)
                     self._count[group] = self._count.get(group, 0) + 1
+                counts = self._lengths.setdefault(bound, np.zeros(max(1, bound) + 1))
+                counts[min(max(1, tokens), len(counts) - 1)] += 1
         self._watching = still
 
     def _mean(self, group, bound: int) -> float:
@@ -61,6 +74,17 @@ class FirstSegmentMeans:
 
     def tokens(self, skill_set: str, bound: int) -> float:
         return self._mean(skill_set, bound)
+
+    def length_quantiles(self, bound: int, n: int = LENGTH_QUANTILES) -> np.ndarray:
+        """`n` equally likely first-segment lengths for segments of `bound` tokens (the
+        measured distribution's quantiles at the midpoints of n equal bins); the bound itself
+        before any was measured."""
+        counts = self._lengths.get(int(bound))
+        if counts is None or not counts.sum():
+            return np.full(n, float(max(1, bound)))
+        cdf = np.cumsum(counts) / counts.sum()
+        levels = (np.arange(n) + 0.5) / n
+        return np.searchsorted(cdf, levels, side="left").astype(np.float64).clip(min=1.0)
 
     def tokens_by_bound(self, bounds: np.ndarray) -> np.ndarray:
         """For an array of segment bounds: the measured first-segment tokens of each."""
@@ -79,7 +103,7 @@ class PredictiveAdmission(CandidateAdmission):
 
     def __init__(self, model: StepTimeModel, *, step_token_budget: int, kv_block_size: int,
                  max_num_seqs: int | None = None, lengths: FirstSegmentMeans | None = None,
-                 resume_weight: float = 1.0):
+                 resume_weight: float = 1.0, arrivals: ArrivalRates | None = None):
         if not (0 <= resume_weight and np.isfinite(resume_weight)):
             raise ValueError(f"resume_weight: must be a finite number >= 0, got {resume_weight!r}")
         self.resume_weight = float(resume_weight)
@@ -88,6 +112,8 @@ class PredictiveAdmission(CandidateAdmission):
         self.kv_block_size = int(kv_block_size)
         self.max_num_seqs = max_num_seqs
         self.lengths = lengths if lengths is not None else FirstSegmentMeans()
+        # None: resumes are not priced by the responses that arrive while they run.
+        self.arrivals = arrivals
         self.decision: BatchDecision | None = None
         self._decided_at: float | None = None
         self._admit: frozenset = frozenset()
@@ -120,9 +146,11 @@ class PredictiveAdmission(CandidateAdmission):
         bound = view.bound_tokens[rows]
         blocks = -(-(context + bound) // p.block_size)
         if p.preserved_blocks:
-            position = {key: j for j, key in enumerate(p.keys) if key in p.preserved_blocks}
-            for key, j in position.items():
-                blocks[j] -= p.preserved_blocks[key]
+            held = held_by(p.preserved_blocks, p.keys)
+            if held:
+                for j, key in enumerate(p.keys):
+                    if key in held:
+                        blocks[j] -= held[key]
         # A first segment is priced at the measured first segments of its bound (its skill
         # set's), a resume's at its bound.
         segment = np.maximum(bound, 1).astype(np.float64)
@@ -145,11 +173,35 @@ class PredictiveAdmission(CandidateAdmission):
         coef = self.model.coefficient_array()
         return DecisionSnapshot(now, self.running_set(running), candidates, int(free_kv_blocks),
                                 free_slots, self.step_token_budget,
-                                StepCoefficients(*map(float, coef)), self.kv_block_size)
+                                StepCoefficients(*map(float, coef)), self.kv_block_size,
+                                self.incoming(now))
+
+    def incoming(self, now: float) -> IncomingResponses:
+        """The measured arrival classes, each priced at its bound's measured first segment."""
+        if self.arrivals is None:
+            return IncomingResponses.empty()
+        classes = self.arrivals.classes(now)
+        if not classes:
+            return IncomingResponses.empty()
+        return IncomingResponses.build(
+            [rate for _, rate, _, _ in classes], [pre for _, _, pre, _ in classes],
+            [ctx for *_, ctx in classes],
+            np.array([self.lengths.length_quantiles(key[2]) for key, *_ in classes]),
+            [key[0] for key, *_ in classes], [key[1] for key, *_ in classes])
+
+    def _observe_arrivals(self, p: AdmissionPass) -> None:
+        if self.arrivals is None:
+            return
+        view, rows = p.view, p.rows
+        first = rows[view.segment_index[rows] == 0]
+        self.arrivals.observe(p.now, view.arrival_s[first], view.ert_s[first],
+                              view.slope[first], view.bound_tokens[first],
+                              view.prefill_tokens[first], view.context_tokens[first])
 
     # ---- CandidateAdmission
     def begin_pass(self, admission_pass: AdmissionPass) -> None:
         self.lengths.observe(admission_pass.running)
+        self._observe_arrivals(admission_pass)
         snap = self.snapshot(admission_pass.now, admission_pass.running,
                              self.candidate_queue(admission_pass),
                              admission_pass.free_kv_blocks)
@@ -199,7 +251,11 @@ class PredictiveTimelyPolicy(TimelyPolicy):
     # What a resume's lateness weighs in the decision, as a multiple of its task's TUF slope:
     # 1 is the paper's suspended TUF; 0 ranks every response's utility above any resume's
     # timeliness (the bench's utility counts first segments only). docs/batch-control.md.
-    resume_weight: float = 1.0
+    resume_weight: float = 0.0
+    # Seconds of arrivals over which each class's arrival rate is measured, for pricing what a
+    # resume does to the responses that arrive while it runs (None: not priced).
+    # docs/batch-control.md.
+    arrival_window_s: float | None = 5.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -218,7 +274,9 @@ class PredictiveTimelyPolicy(TimelyPolicy):
         return PredictiveAdmission(self.step_model, step_token_budget=int(budget),
                                    kv_block_size=ctx.kv_block_size,
                                    max_num_seqs=ctx.max_num_seqs,
-                                   resume_weight=self.resume_weight)
+                                   resume_weight=self.resume_weight,
+                                   arrivals=None if self.arrival_window_s is None
+                                   else ArrivalRates(self.arrival_window_s))
 
     def on_step(self, step: StepInfo) -> None:
         if self.step_model is not None:

@@ -52,11 +52,11 @@ import math
 import numpy as np
 
 from timelyllm_ros.core.sched.decision_records import (BatchDecision, CandidateQueue,
-                                                       DecisionSnapshot, RunningSet,
-                                                       StepCoefficients)
+                                                       DecisionSnapshot, IncomingResponses,
+                                                       RunningSet, StepCoefficients)
 
-__all__ = ["BatchDecision", "CandidateQueue", "DecisionSnapshot", "RunningSet",
-           "StepCoefficients", "decide"]
+__all__ = ["BatchDecision", "CandidateQueue", "DecisionSnapshot", "IncomingResponses",
+           "RunningSet", "StepCoefficients", "decide"]
 
 # Candidates evaluated together in one numpy pass (a block); a block's work is
 # O(block * generations at risk). A throughput setting, not a policy one: the decision is the
@@ -68,6 +68,8 @@ HOLD_SLOTS = "no free slot"
 HOLD_COST = "admitting it now would cost the running ones more utility than it gains by not waiting"
 YIELD_SPEED = ("out of the batch after its boundary it brings late generations back on time, "
                "worth more than it loses")
+YIELD_INCOMING = ("its next segment would make the responses arriving meanwhile later, worth "
+                  "more than it loses by waiting")
 YIELD_ROOM = "its blocks and slot let a queued first segment in, worth more than it loses"
 
 
@@ -90,6 +92,7 @@ class _Batch:
         self.deadline = r.deadline_s
         # Only utility differences are compared, so U0 cancels; k weighs lateness.
         self.slope = r.slope
+        self.incoming = snap.incoming
 
     def step_s(self, size, context):
         c = self.coef
@@ -137,12 +140,13 @@ def _walk(snap: DecisionSnapshot, batch: _Batch) -> tuple[list[str], dict[str, s
     # Smallest need from each position on: the walk stops when nothing further fits.
     min_need_from = np.minimum.accumulate(cand.blocks_needed[::-1])[::-1]
     start = 0
+    block = CANDIDATE_BLOCK
     while start < n:
         if free_slots is not None and free_slots <= 0:
             break
         if min_need_from[start] > free_blocks:
             break
-        stop = min(n, start + CANDIDATE_BLOCK)
+        stop = min(n, start + block)
         bulk = _admit_all_on_time(batch, cand, start, stop, free_blocks, free_slots)
         if bulk:
             for j in range(start, start + bulk):
@@ -158,11 +162,15 @@ def _walk(snap: DecisionSnapshot, batch: _Batch) -> tuple[list[str], dict[str, s
         admit_now = fits & _worth_admitting(batch, cand, sl)
         picked = np.flatnonzero(admit_now)
         end = stop if not len(picked) else start + int(picked[0])
-        for j in range(start, end):  # held: the state is unchanged by them
-            hold[cand.keys[j]] = HOLD_COST if cand.blocks_needed[j] <= free_blocks else HOLD_KV
+        # Held: the state is unchanged by them.
+        hold.update(zip(cand.keys[start:end],
+                        [HOLD_COST if f else HOLD_KV for f in fits[:end - start].tolist()]))
         if not len(picked):
-            start = stop
+            # A long run of holds (a queue of work that waits for the batch to make room):
+            # larger blocks cost fewer numpy passes, the same decisions.
+            start, block = stop, 2 * block
             continue
+        block = CANDIDATE_BLOCK
         j = end
         key = cand.keys[j]
         admit.append(key)
@@ -173,9 +181,7 @@ def _walk(snap: DecisionSnapshot, batch: _Batch) -> tuple[list[str], dict[str, s
         start = j + 1
     # What the walk did not reach because nothing further fits is held for that reason too.
     reason = HOLD_SLOTS if free_slots is not None and free_slots <= 0 else HOLD_KV
-    for j in range(start, n):
-        if cand.keys[j] not in hold:
-            hold[cand.keys[j]] = reason
+    hold.update((key, reason) for key in cand.keys[start:n] if key not in hold)
     batch.free_blocks, batch.free_slots = free_blocks, free_slots
     return admit, hold
 
@@ -211,7 +217,37 @@ def _admit_all_on_time(batch: _Batch, cand: CandidateQueue, start: int, stop: in
     own = batch.finish(own_steps, size, context, total)
     if (batch.now + own > cand.deadline_s[sl]).any():
         return 0
+    if len(batch.incoming) and (cand.segment_index[sl] > 0).any() \
+            and _incoming_lateness(batch, np.array([size]), np.array([context])).any():
+        return 0  # a resume in the run would make incoming responses later: walk them
     return m
+
+
+def _incoming_lateness(batch: _Batch, size: np.ndarray, context: np.ndarray) -> np.ndarray:
+    """Each incoming class's expected lateness (rows) if it arrived now and joined a batch of
+    `size` sequences holding `context` tokens (columns: one per size/context pair). Its
+    response is its prefill, then its first segment's steps; the lateness is averaged over
+    the class's measured first-segment lengths (lateness is convex in the length, so the mean
+    length would understate it)."""
+    inc, c = batch.incoming, batch.coef
+    prefill = c.prefill_fixed_s + c.prefill_per_token_s * inc.prefill_tokens
+    step = batch.step_s(size[None, :] + 1.0, context[None, :] + inc.context_tokens[:, None])
+    # (class, length quantile, column)
+    response = prefill[:, None, None] + inc.segment_tokens[:, :, None] * step[:, None, :]
+    return np.maximum(response - inc.ert_s[:, None, None], 0.0).mean(axis=1)
+
+
+def _incoming_cost(batch: _Batch, context_k: np.ndarray, residency_s: np.ndarray) -> np.ndarray:
+    """What admitting each candidate costs the responses expected to arrive while it runs:
+    `rate * residency` arrivals of each class, each made later by the candidate's share of
+    every step of its first segment, priced by its TUF (only the lateness it adds past its
+    ERT)."""
+    inc = batch.incoming
+    without = _incoming_lateness(batch, np.array([batch.size]), np.array([batch.context]))
+    with_k = _incoming_lateness(batch, np.full(len(context_k), batch.size + 1.0),
+                                batch.context + context_k)
+    per_second = (inc.rate_per_s * inc.slope) @ (with_k - without)
+    return per_second * residency_s
 
 
 def _worth_admitting(batch: _Batch, cand: CandidateQueue, sl: slice) -> np.ndarray:
@@ -243,9 +279,19 @@ def _worth_admitting(batch: _Batch, cand: CandidateQueue, sl: slice) -> np.ndarr
             cost = loss.sum(axis=0)
             hurt = loss > 0
             t_free = np.where(hurt, base[risk][:, None], 0.0).max(axis=0)
+    dl = cand.deadline_s[sl]
+    if len(batch.incoming):
+        # A resume also slows the responses that arrive while it runs; a response does not
+        # pay this, since a response cannot wait out the responses behind it (its own
+        # deadline comes first), while a resume can be deferred past them. A resume waits
+        # at least as long again as it is already late (rent or buy: it is admitted once the
+        # lateness it has paid matches what its admission costs).
+        resume = cand.segment_index[sl] > 0
+        if resume.any():
+            cost = cost + np.where(resume, _incoming_cost(batch, ctx_k, own_now), 0.0)
+            t_free = np.where(resume, np.maximum(t_free, batch.lateness(0.0, dl)), t_free)
     # Waiting: started once the members it hurts have finished, then the same service.
     own_wait = t_free + own_now
-    dl = cand.deadline_s[sl]
     gain = cand.slope[sl] * (batch.lateness(own_wait, dl) - batch.lateness(own_now, dl))
     return gain >= cost
 
@@ -291,8 +337,64 @@ def _yields(snap: DecisionSnapshot, batch: _Batch, hold: dict[str, str]) -> dict
                 after = np.maximum(batch.steps - batch.steps[y], 0.0) * per_step[row]
                 after[y] = 0.0
                 finish = finish - after
+    if len(batch.incoming):
+        _incoming_yields(snap, batch, finish, step, out)
     _room_yields(snap, batch, hold, finish, step, out)
     return out
+
+
+def _incoming_yields(snap: DecisionSnapshot, batch: _Batch, finish: np.ndarray, step: float,
+                     out: dict[str, str]) -> None:
+    """Running resumes that go on past their boundary (work-conserving) keep slowing every
+    step for another segment: each is asked to yield at its boundary when what that segment
+    costs the responses arriving meanwhile (`_incoming_cost`, by the rate each class arrives
+    at) exceeds what the resume loses by waiting as long as that segment would take. Resumes
+    with the most slack first; each yield shortens the step the next one is priced on.
+
+    Evaluated in blocks: each block is priced as if every resume before it in the block
+    yielded, which holds up to the first one that does not; the walk resumes after it."""
+    r, inc = snap.running, batch.incoming
+    pool = np.array([y for y in np.flatnonzero(r.segment_index > 0).tolist()
+                     if r.keys[y] not in out], dtype=np.int64)
+    if not len(pool):
+        return
+    slack = r.deadline_s[pool] - batch.now - finish[pool]
+    ys = pool[np.lexsort((pool, -slack))]
+    coef, c = batch.coef, batch.incoming
+    weight = inc.rate_per_s * inc.slope
+    prefill = coef.prefill_fixed_s + coef.prefill_per_token_s * c.prefill_tokens
+    # The step an arrival of each class would run in, with the whole batch.
+    class_step = batch.step_s(batch.size + 1.0, batch.context + c.context_tokens)
+
+    def late(steps):  # steps: (class, column) -> expected lateness (class, column)
+        response = prefill[:, None, None] + c.segment_tokens[:, :, None] * steps[:, None, :]
+        return np.maximum(response - c.ert_s[:, None, None], 0.0).mean(axis=1)
+
+    if not late(class_step[:, None]).any():
+        return  # every arriving response is on time with the whole batch: nobody to protect
+    shorter = coef.decode_per_seq_s + coef.decode_per_ctx_token_s * r.context_tokens[ys]
+    segment_s = r.remaining_tokens[ys] * step
+    # Its next segment: right after this one, or after waiting as long as it would run.
+    on = finish[ys] + segment_s
+    lose = r.slope[ys] * (batch.lateness(on + segment_s, r.deadline_s[ys])
+                          - batch.lateness(on, r.deadline_s[ys]))
+    cut = 0.0  # how much shorter the step is after the yields so far
+    start, n = 0, len(ys)
+    while start < n:
+        stop = min(n, start + CANDIDATE_BLOCK)
+        d = shorter[start:stop]
+        before = cut + np.concatenate(([0.0], np.cumsum(d)[:-1]))
+        steps_before = class_step[:, None] - before[None, :]
+        cost = weight @ (late(steps_before) - late(steps_before - d[None, :])) \
+            * segment_s[start:stop]
+        yes = cost > lose[start:stop]
+        k = len(d) if yes.all() else int(np.argmin(yes))
+        for y in ys[start:start + k].tolist():
+            out[r.keys[y]] = YIELD_INCOMING
+        cut += float(d[:k].sum())
+        start += k if k == len(d) else k + 1
+        if not late(class_step[:, None] - cut).any():
+            return
 
 
 def _room_yields(snap: DecisionSnapshot, batch: _Batch, hold: dict[str, str],

@@ -131,8 +131,51 @@ class CandidateQueue:
 
 
 @dataclass(frozen=True)
+class IncomingResponses:
+    """The responses (first segments) expected to arrive, one entry per class of task (a TUF
+    and a segment bound), as measured from the recent arrivals (parallel read-only arrays).
+
+    rate_per_s: arrivals per second. prefill_tokens, context_tokens: an arrival's mean prompt
+    tokens to compute and its KV. segment_tokens: its first segment's measured length
+    distribution, as equally likely values (one row per class, `LENGTH_QUANTILES` columns).
+    ert_s, slope: its TUF's ERT and k (its deadline is its arrival + ERT)."""
+
+    rate_per_s: np.ndarray
+    prefill_tokens: np.ndarray
+    context_tokens: np.ndarray
+    segment_tokens: np.ndarray
+    ert_s: np.ndarray
+    slope: np.ndarray
+
+    @classmethod
+    def build(cls, rate_per_s, prefill_tokens, context_tokens, segment_tokens, ert_s,
+              slope) -> "IncomingResponses":
+        out = cls(*(_column(v, np.float64) for v in (rate_per_s, prefill_tokens,
+                                                    context_tokens, segment_tokens, ert_s,
+                                                    slope)))
+        n = len(out.rate_per_s)
+        for name in ("prefill_tokens", "context_tokens", "segment_tokens", "ert_s", "slope"):
+            if len(getattr(out, name)) != n:
+                raise ValueError(f"{name}: {len(getattr(out, name))} values for {n} classes")
+        if out.segment_tokens.ndim != 2 or (n and out.segment_tokens.shape[1] < 1):
+            raise ValueError("segment_tokens: one row of length values per class")
+        if n and ((out.rate_per_s < 0).any() or (out.segment_tokens < 1).any()):
+            raise ValueError("rate_per_s: must be >= 0; segment_tokens: must be >= 1")
+        return out
+
+    @classmethod
+    def empty(cls) -> "IncomingResponses":
+        return cls.build((), (), (), np.zeros((0, 1)), (), ())
+
+    def __len__(self) -> int:
+        return len(self.rate_per_s)
+
+
+@dataclass(frozen=True)
 class DecisionSnapshot:
-    """Everything one decision reads. `free_slots` None: no slot limit."""
+    """Everything one decision reads. `free_slots` None: no slot limit. `incoming`: the
+    responses expected to arrive while an admitted resume runs (none: the decision looks only
+    at the batch and the queue)."""
 
     now: float
     running: RunningSet
@@ -142,6 +185,7 @@ class DecisionSnapshot:
     step_token_budget: int
     coefficients: StepCoefficients
     kv_block_size: int
+    incoming: IncomingResponses = field(default_factory=IncomingResponses.empty)
 
     def __post_init__(self) -> None:
         if self.kv_block_size < 1:

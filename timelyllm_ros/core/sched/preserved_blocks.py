@@ -54,6 +54,16 @@ class PreservedBlocks(Mapping[str, int]):
     def __bool__(self) -> bool:
         return any(self._value(key) for key in self._paused)
 
+    def held_by(self, keys) -> dict[str, int]:
+        """key -> blocks for those of `keys` whose preserved pause holds some (a set
+        intersection first: in overload most queued keys hold none)."""
+        out = {}
+        for key in self._paused.keys() & set(keys):
+            value = self._value(key)
+            if value:
+                out[key] = value
+        return out
+
     def seal(self) -> None:
         """The pass changed the engine: values not read so far would not be the pass's."""
         self._sealed = True
@@ -64,3 +74,11 @@ class PreservedBlocks(Mapping[str, int]):
         if not self._sealed:
             return self._value(key)
         return self._blocks_of(key) if key in self._paused else 0
+
+
+def held_by(blocks: Mapping[str, int], keys) -> dict[str, int]:
+    """key -> blocks for those of `keys` that `blocks` (a pass's `PreservedBlocks`, or any
+    mapping) gives a preserved pause."""
+    if isinstance(blocks, PreservedBlocks):
+        return blocks.held_by(keys)
+    return {key: blocks[key] for key in keys if key in blocks}
