@@ -19,7 +19,7 @@ from typing import Collection, Sequence
 import numpy as np
 
 from timelyllm_ros.core.policies.builtin import TimelyPolicy
-from timelyllm_ros.core.policies.work_conserving import (preserve_within_share,
+from timelyllm_ros.core.policies.responses_first import (preserve_within_share,
                                                          responses_first)
 from timelyllm_ros.core.sched.arrival_rates import ArrivalRates
 from timelyllm_ros.core.sched.decision import (BatchDecision, CandidateQueue, DecisionSnapshot,
@@ -34,8 +34,8 @@ from timelyllm_ros.core.sched.step_model import StepTimeModel
 
 
 # The first-segment length distribution is passed to the decision as this many equally likely
-# values (the midpoints of as many equal-probability bins): a numerical resolution, not a
-# policy setting (docs/batch-control.md: 4, 8 and 16 decide alike).
+# values (the midpoints of as many equal-probability bins): a numerical resolution
+# (`PredictiveTimelyPolicy.length_quantiles`, swept in docs/batch-control.md).
 LENGTH_QUANTILES = 8
 
 
@@ -47,7 +47,10 @@ class FirstSegmentMeans:
     max_segment_tokens), so candidates are priced by bound. Before a first measurement the bound
     is the estimate (the most a segment can take)."""
 
-    def __init__(self) -> None:
+    def __init__(self, quantiles: int = LENGTH_QUANTILES) -> None:
+        if isinstance(quantiles, bool) or not isinstance(quantiles, int) or quantiles < 1:
+            raise ValueError(f"length_quantiles: must be an integer >= 1, got {quantiles!r}")
+        self.quantiles = quantiles
         self._sum: dict = {}
         self._count: dict = {}
         self._watching: dict[str, tuple[str, int, int]] = {}
@@ -75,10 +78,11 @@ class FirstSegmentMeans:
     def tokens(self, skill_set: str, bound: int) -> float:
         return self._mean(skill_set, bound)
 
-    def length_quantiles(self, bound: int, n: int = LENGTH_QUANTILES) -> np.ndarray:
-        """`n` equally likely first-segment lengths for segments of `bound` tokens (the
-        measured distribution's quantiles at the midpoints of n equal bins); the bound itself
-        before any was measured."""
+    def length_quantiles(self, bound: int) -> np.ndarray:
+        """`quantiles` equally likely first-segment lengths for segments of `bound` tokens (the
+        measured distribution's quantiles at the midpoints of as many equal bins); the bound
+        itself before any was measured."""
+        n = self.quantiles
         counts = self._lengths.get(int(bound))
         if counts is None or not counts.sum():
             return np.full(n, float(max(1, bound)))
@@ -256,6 +260,8 @@ class PredictiveTimelyPolicy(TimelyPolicy):
     # resume does to the responses that arrive while it runs (None: not priced).
     # docs/batch-control.md.
     arrival_window_s: float | None = 5.0
+    # Equally likely first-segment lengths an arrival class is priced at (LENGTH_QUANTILES).
+    length_quantiles: int = LENGTH_QUANTILES
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -275,6 +281,7 @@ class PredictiveTimelyPolicy(TimelyPolicy):
                                    kv_block_size=ctx.kv_block_size,
                                    max_num_seqs=ctx.max_num_seqs,
                                    resume_weight=self.resume_weight,
+                                   lengths=FirstSegmentMeans(self.length_quantiles),
                                    arrivals=None if self.arrival_window_s is None
                                    else ArrivalRates(self.arrival_window_s))
 

@@ -36,41 +36,16 @@ from typing import Sequence
 
 import numpy as np
 
-from timelyllm_ros.core.engine.base import DISCARD, PRESERVE
 from timelyllm_ros.core.policies.builtin import TimelyPolicy
 from timelyllm_ros.core.policies.prefill_hold import FirstSegmentLengths, PrefillHold
+from timelyllm_ros.core.policies.responses_first import (RESPONSE_OFFSET,
+                                                         preserve_within_share,
+                                                         responses_first)
 from timelyllm_ros.core.sched.admission import BatchSpeedModel, ReplicaSpeed
 from timelyllm_ros.core.sched.interface import (AdmissionController, AdmissionPass, Candidate,
                                                 CandidateAdmission, PauseInfo, RunningGen,
                                                 SchedulerContext)
 from timelyllm_ros.core.sched.queue_view import QueueView
-
-# Added to a first segment's priority so that it ranks above every resume. PUD values are
-# bounded by U0 / g^2 (U0 <= 1e3, g >= 1 ms: 1e9); the offset keeps the classes apart and PUD's
-# order within each.
-_RESPONSE_OFFSET = 1e12
-
-
-def responses_first(priorities: np.ndarray, view: QueueView) -> np.ndarray:
-    """`priorities` with every queued first segment (a response) raised above every resume,
-    each class keeping its own order (in place; returned for chaining)."""
-    priorities[view.segment_index == 0] += _RESPONSE_OFFSET
-    return priorities
-
-
-def preserve_within_share(pause: PauseInfo, kv_share: float) -> str:
-    """Preserve (keep the KV: the resume computes one token) while preserved pauses hold at
-    most `kv_share` of the KV cache; discard beyond (the resume recomputes the last partial
-    block, the prefix cache serves the rest while it holds it). Under KV pressure the engine
-    revokes preserves before it preempts anything running."""
-    ctx = pause.context
-    if pause.pinned_blocks is None:
-        return DISCARD
-    own = -(-pause.context_tokens // ctx.kv_block_size)
-    if pause.pinned_blocks + own <= kv_share * ctx.kv_total_blocks:
-        return PRESERVE
-    return DISCARD
-
 
 class ResponseFirstAdmission(CandidateAdmission):
     """First segments whenever KV blocks and slots allow; resumes only while they do not slow
@@ -256,7 +231,7 @@ class ResponseFirstAdmission(CandidateAdmission):
         if cap is None or rate is None or not rate > 0:
             return None
         # `rate` is one generation's measured tokens/s, i.e. 1 / the recent step time.
-        return _RESPONSE_OFFSET if 1.0 / rate > cap else None
+        return RESPONSE_OFFSET if 1.0 / rate > cap else None
 
     def yield_keys(self, running: Sequence[RunningGen], now: float) -> list[str]:
         """On a fleet: the running resumes on replicas whose own recent step is over their cap
