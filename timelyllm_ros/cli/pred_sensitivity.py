@@ -237,6 +237,17 @@ def figures(tasks: Sequence[Any]) -> dict[str, float]:
     return {"utility_mean": m["utility_mean"], "deadline_miss_rate": m["deadline_miss_rate"]}
 
 
+def _replay_figures(replay: Callable[[str, BenchConfig, str], Sequence[Any]], policy: str,
+                    config: BenchConfig, label: str) -> dict[str, Any]:
+    """The figures of one replay; a replay that cannot finish (bench.replay.run_policy raises
+    RuntimeError, e.g. stuck) gives NaN figures and its reason under "failed", and the sweep goes
+    on: one setting that breaks the policy is itself a finding."""
+    try:
+        return figures(replay(policy, config, label))
+    except RuntimeError as exc:
+        return {"utility_mean": math.nan, "deadline_miss_rate": math.nan, "failed": str(exc)}
+
+
 def sweep_run(run: Run, knobs: Mapping[str, Sequence[Any]], *,
               replay: Callable[[str, BenchConfig, str], Sequence[Any]]) -> dict[str, Any]:
     """One run's row: the baselines', the default's and every other knob value's figures.
@@ -244,8 +255,8 @@ def sweep_run(run: Run, knobs: Mapping[str, Sequence[Any]], *,
     row: dict[str, Any] = {"label": run.label, "tasks": sum(len(e.tasks) for e in run.events),
                            "baselines": {}, "knobs": {}}
     for name in BASELINES:
-        row["baselines"][name] = figures(replay(name, run.config, name))
-    default = figures(replay(SUBJECT, run.config, SUBJECT))
+        row["baselines"][name] = _replay_figures(replay, name, run.config, name)
+    default = _replay_figures(replay, SUBJECT, run.config, SUBJECT)
     row["default"] = default
     for knob, values in knobs.items():
         cells = []
@@ -254,7 +265,7 @@ def sweep_run(run: Run, knobs: Mapping[str, Sequence[Any]], *,
                 cells.append(default)
                 continue
             config = replace(run.config, policy_params={SUBJECT: {knob: value}})
-            cells.append(figures(replay(SUBJECT, config, f"{knob}={value}")))
+            cells.append(_replay_figures(replay, SUBJECT, config, f"{knob}={value}"))
         row["knobs"][knob] = cells
     return row
 
@@ -268,9 +279,14 @@ def run_sweep(runs: Sequence[Run], knobs: Mapping[str, Sequence[Any]], *,
     for run in runs:
         def replay(policy: str, config: BenchConfig, label: str, run: Run = run):
             started = time.perf_counter()
-            result = run_policy(run.events, policy, run.workload, config,
-                                progress=ReplayProgress(f"{run.label} {label}", enabled=progress),
-                                **run.run_kwargs)
+            try:
+                result = run_policy(run.events, policy, run.workload, config,
+                                    progress=ReplayProgress(f"{run.label} {label}",
+                                                            enabled=progress),
+                                    **run.run_kwargs)
+            except RuntimeError as exc:
+                log(f"{run.label} {label}: failed ({exc}), {time.perf_counter() - started:.0f} s")
+                raise
             log(f"{run.label} {label}: {_cell(figures(result.tasks))}, "
                 f"{time.perf_counter() - started:.0f} s")
             return result.tasks
@@ -283,7 +299,9 @@ def run_sweep(runs: Sequence[Run], knobs: Mapping[str, Sequence[Any]], *,
 
 # ---------------------------------------------------------------------------------- the tables
 
-def _cell(f: Mapping[str, float]) -> str:
+def _cell(f: Mapping[str, Any]) -> str:
+    if f.get("failed"):
+        return "failed"
     return (f"{format_cell(f['utility_mean'], '{:.3f}')} "
             f"({format_cell(f['deadline_miss_rate'], 'pct')})")
 
@@ -331,6 +349,12 @@ def format_sweep(doc: Mapping[str, Any]) -> str:
            f"(* the default); best baseline: the better of {' / '.join(doc['baselines'])}"]
     for knob in doc["knobs"]:
         out += ["", knob_table(doc, knob)]
+    failed = [(row["label"], knob, value, cell["failed"]) for row in doc["runs"]
+              for knob, spec in doc["knobs"].items()
+              for value, cell in zip(spec["values"], row["knobs"][knob]) if cell.get("failed")]
+    if failed:
+        out += ["", "failed replays:"]
+        out += [f"  {label}, {knob} {value}: {reason}" for label, knob, value, reason in failed]
     return "\n".join(out)
 
 

@@ -130,3 +130,23 @@ def test_a_family_member_runs_on_its_own_profile(capsys):
     from timelyllm_ros.bench.family import draw_member
     for run, k in zip(runs, (31, 9)):
         assert run.config.profile == draw_member(1, k, 5.0).profile
+
+
+def test_a_failed_replay_is_a_cell_and_the_sweep_goes_on():
+    def replay(policy, config, label):
+        if config.policy_params.get(policy, {}).get("arrival_window_s") == 10.0:
+            raise RuntimeError("replay stuck: nothing progressed")
+        return [SimpleNamespace(utility=1.0, response_time_s=0.1, waiting_time_s=0.0,
+                                ert_s=1.0)]
+
+    run = ps.Run("member 31", None, [], BenchConfig(), {})
+    knobs = {"arrival_window_s": (5.0, 10.0, 20.0)}
+    row = ps.sweep_run(run, knobs, replay=replay)
+    cells = row["knobs"]["arrival_window_s"]
+    assert "stuck" in cells[1]["failed"] and cells[2]["utility_mean"] == 1.0
+    doc = {"subject": "timelyllm-pred", "baselines": ["vllm-stream", "vllm-priority"],
+           "knobs": {"arrival_window_s": {"default": 5.0, "values": [5.0, 10.0, 20.0]}},
+           "runs": [row]}
+    text = ps.format_sweep(doc)
+    assert "failed" in text.splitlines()[4]
+    assert "member 31, arrival_window_s 10.0: replay stuck" in text
