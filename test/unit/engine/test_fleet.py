@@ -11,7 +11,6 @@ from timelyllm_ros.core.engine.cost_model import EngineProfile
 from timelyllm_ros.core.engine.replicas import affinity_key
 from timelyllm_ros.core.engine.sim.engine import SimulatedEngine
 from timelyllm_ros.core.engine.sim.fleet import SimulatedFleet, simulated_fleet
-from timelyllm_ros.core.policies.registry import DEFAULT_POLICY
 
 WORDS = "go up left right down hover land take photo scan"
 
@@ -122,7 +121,8 @@ def test_a_plan_s_runs_stay_on_its_home_replica_under_the_scheduler():
             fleet.replica_of(request.request_id))
 
     fleet.add_request = add
-    sch, eng, lis = make(DEFAULT_POLICY, engine=fleet)
+    # The paper's policy suspends at every boundary, so every plan is resumed (on its home).
+    sch, eng, lis = make("timelyllm", engine=fleet)
     ids = [f"t{i}" for i in range(9)]
     for i, tid in enumerate(ids):
         sch.submit(spec(tid, 1 + i % 8, eng))

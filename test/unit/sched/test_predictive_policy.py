@@ -18,10 +18,10 @@ POLICY = "timelyllm-pred"
 PROFILE = EngineProfile()
 
 
-def test_it_is_registered_beside_the_default_which_it_does_not_replace():
+def test_it_is_the_planners_default_policy():
     policy = get_policy(POLICY)
     assert policy.suspend_when == "contended" and policy.hopeless == "shed"
-    assert DEFAULT_POLICY == "timelyllm-wc"
+    assert DEFAULT_POLICY == POLICY
 
 
 def test_a_lone_generation_runs_through_and_the_step_model_learns_from_its_steps():

@@ -1,6 +1,7 @@
-"""Work-conserving segmentation, responses first, and the overload rule (issue 11): the
-planner's default policy `timelyllm-wc` (core/policies/work_conserving.py) and the scheduler
-mechanics behind `Policy.suspend_when` and `Policy.hopeless`."""
+"""Work-conserving segmentation, responses first, and the overload rule (issue 11):
+`timelyllm-wc` (core/policies/work_conserving.py, the planner's default until issue 22, kept for
+the comparison) and the scheduler mechanics behind `Policy.suspend_when` and
+`Policy.hopeless`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from timelyllm_ros.core.engine.base import DISCARD, PRESERVE
 from timelyllm_ros.core.engine.cost_model import EngineProfile
-from timelyllm_ros.core.policies.registry import DEFAULT_POLICY, get_policy
+from timelyllm_ros.core.policies.registry import get_policy
 from timelyllm_ros.core.policies.prefill_hold import FirstSegmentLengths, PrefillHold
 from timelyllm_ros.core.policies.work_conserving import (ResponseFirstAdmission,
                                                          WorkConservingTimelyPolicy)
@@ -25,6 +26,8 @@ from fakes import LEVELS, assert_no_leaks, drive, make, spec, states, urgent_bes
 
 NORMAL = LEVELS.get("normal")
 
+WC = "timelyllm-wc"
+
 
 def _segments(task):
     return len(task.segments)
@@ -32,8 +35,8 @@ def _segments(task):
 
 # ------------------------------------------------------------------ the scheduler's mechanics
 
-def test_a_lone_generation_is_never_suspended_under_the_default_policy():
-    sch, eng, lis = make(DEFAULT_POLICY)
+def test_a_lone_generation_is_never_suspended_under_timelyllm_wc():
+    sch, eng, lis = make(WC)
     task = sch.submit(spec("a", 1, eng))
     drive(sch, eng, lis)
     assert task.state == "done" and _segments(task) > 1
@@ -53,7 +56,7 @@ def test_the_papers_rule_suspends_at_every_boundary_even_when_nothing_waits():
 
 def test_a_refused_response_makes_a_running_generation_yield_at_its_next_boundary():
     # One slot: while A generates, B (a first segment, ranked above every resume) is refused.
-    sch, eng, lis = make(DEFAULT_POLICY, batch_cap=1)
+    sch, eng, lis = make(WC, batch_cap=1)
     a = sch.submit(spec("a", 1, eng))
     sch.tick()  # A admitted alone
     b = sch.submit(spec("b", 2, eng))
@@ -86,7 +89,7 @@ def test_the_same_contention_under_streaming_order_does_not_suspend():
 
 
 def test_a_task_that_can_no_longer_have_positive_utility_is_shed_with_a_reason():
-    sch, eng, lis = make(DEFAULT_POLICY)
+    sch, eng, lis = make(WC)
     eng.advance_idle(10.0)
     # Arrived 5 s ago with a 1.5 s cut-off (ERT 1 s + 1/2): whenever it is served, U < 0.
     late = sch.submit(dataclasses.replace(spec("late", 1, eng), arrival_s=eng.now() - 5.0))
@@ -115,7 +118,7 @@ def test_serve_instead_of_shed_serves_the_hopeless_task_with_its_negative_utilit
 
 def test_a_suspended_generation_is_never_shed():
     # Only first segments are shed: a resumed plan already has its response (and utility).
-    sch, eng, lis = make(DEFAULT_POLICY, batch_cap=1)
+    sch, eng, lis = make(WC, batch_cap=1)
     a = sch.submit(spec("a", 1, eng))
     sch.tick()
     sch.submit(spec("b", 2, eng))
@@ -135,7 +138,7 @@ def test_policy_rules_are_checked_by_name():
 # ------------------------------------------------------------------ the policy's parts
 
 def test_responses_rank_above_every_resume():
-    policy = get_policy(DEFAULT_POLICY)
+    policy = get_policy(WC)
     now = 10.0
     urgent = LEVELS.get("urgent")
     rows = [
@@ -207,7 +210,7 @@ def test_running_resumes_are_asked_to_yield_only_while_the_step_is_over_the_cap(
     # Measured step 50 ms > 30 ms cap: everything ranked below a response yields.
     bar = adm.yield_below(batch, 0.0, rate=1 / 0.050)
     assert bar is not None
-    policy = get_policy(DEFAULT_POLICY)
+    policy = get_policy(WC)
     resume = policy.priorities(QueueView.from_rows([suspended_row(NORMAL, 0.0, 0.5, 1, enqueued_s=0.0)]), 0.0)
     response = policy.priorities(QueueView.from_rows([initial_row(NORMAL, 0.0)]), 0.0)
     assert resume[0] < bar <= response[0]
@@ -231,7 +234,7 @@ def test_pauses_preserve_until_the_share_of_kv_is_spent():
 
 
 def test_the_default_policy_keeps_preserved_kv_and_frees_it_at_the_end():
-    sch, eng, lis = make(DEFAULT_POLICY, batch_cap=1)
+    sch, eng, lis = make(WC, batch_cap=1)
     tasks = [sch.submit(spec(f"t{i}", 1 + i % 3, eng)) for i in range(4)]
     drive(sch, eng, lis)
     assert all(t.state == "done" for t in tasks)
@@ -320,11 +323,11 @@ def test_a_response_due_later_waits_while_one_due_earlier_is_on_its_first_segmen
     blind.begin_pass(_pass([], now=10.0, rate=1 / 0.025))
     assert blind.may_admit_candidate([urgent], _response(11.0, 2000), 100)[0]
     priced = SchedulerContext("sim", 16, 100, 10, profile=EngineProfile())
-    assert get_policy(DEFAULT_POLICY).make_admission(priced).prefill_hold is not None
-    assert get_policy(DEFAULT_POLICY, prefill_hold_share=None).make_admission(
+    assert get_policy(WC).make_admission(priced).prefill_hold is not None
+    assert get_policy(WC, prefill_hold_share=None).make_admission(
         priced).prefill_hold is None
     unpriced = SchedulerContext("vllm", 16, 100, 10)
-    assert get_policy(DEFAULT_POLICY).make_admission(unpriced).prefill_hold is None
+    assert get_policy(WC).make_admission(unpriced).prefill_hold is None
     with pytest.raises(ValueError, match="hold_share"):
         PrefillHold(lambda tokens: 0.0, hold_share=-1.0)
     with pytest.raises(ValueError, match="default_tokens"):
@@ -366,7 +369,7 @@ def test_holding_long_prefills_gets_an_urgent_task_that_arrives_with_them_out_so
     """Three tasks of one event arrive together: an urgent drone and two normal tasks, each with
     a long scene of its own. Prefilled together, the urgent one waits for all three prompts."""
     def run(**params):
-        return urgent_beside_two_scenes(get_policy(DEFAULT_POLICY, **params))
+        return urgent_beside_two_scenes(get_policy(WC, **params))
 
     held_urgent, held_normal = run()
     together_urgent, together_normal = run(prefill_hold_share=None)

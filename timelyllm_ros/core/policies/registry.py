@@ -32,9 +32,10 @@ from timelyllm_ros.core.policies.priority import slack_scaling_names
 ENTRY_POINT_GROUP = "timelyllm_ros.policies"
 
 # The planner's default policy (the ROS planner node's `policy` parameter, config/planner.yaml),
-# and what `--policies default` names in the bench: work-conserving TimelyLLM
-# (core/policies/work_conserving.py; docs/bench.md, "The modern comparison").
-DEFAULT_POLICY = "timelyllm-wc"
+# and what `--policies default` names in the bench: TimelyLLM with batch control predicted from
+# the cost model (core/policies/predictive.py; docs/batch-control.md). The previous default,
+# `timelyllm-wc` (core/policies/work_conserving.py), is kept for the comparison.
+DEFAULT_POLICY = "timelyllm-pred"
 
 PolicyFactory = Callable[..., Policy]
 
