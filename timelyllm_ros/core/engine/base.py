@@ -97,6 +97,15 @@ class StepTiming:
 
 
 @dataclass(frozen=True)
+class ReplicaRoom:
+    """What one replica of a fleet can take now: its free KV blocks and its free slots
+    (`max_num_seqs` less its running count; None: no slot limit). A down replica has none."""
+
+    free_blocks: int
+    free_slots: int | None
+
+
+@dataclass(frozen=True)
 class EngineCapabilities:
     """What an engine can do beyond the common protocol, declared instead of probed.
 
@@ -196,6 +205,11 @@ class EngineAdapter(Protocol):
         submitted now (a resume: its task's replica; a new plan: the router's pick); None for
         one engine."""
 
+    def replica_rooms(self) -> list[ReplicaRoom] | None:
+        """Each replica's free KV blocks and slots, by replica index (`replica_for`), for a fleet
+        whose replicas step on their own (`StepTiming.replica`); None for one engine and for a
+        fleet that steps all its replicas in one call (the scheduler sees one engine there)."""
+
     def last_step_timing(self) -> StepTiming: ...
 
     def advance_idle(self, until: float) -> None:
@@ -237,6 +251,9 @@ class PauselessEngine:
         return []
 
     def replica_for(self, request_id: str) -> int | None:
+        return None
+
+    def replica_rooms(self) -> list[ReplicaRoom] | None:
         return None
 
     def tokenize(self, text: str) -> list[int]:

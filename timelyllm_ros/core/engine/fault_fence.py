@@ -23,7 +23,8 @@ import threading
 from typing import Sequence
 
 from timelyllm_ros.core.engine.base import (EngineAdapter, EngineCapabilities, EngineOutput,
-                                            EngineRequest, KvUsage, StepTiming)
+                                            EngineRequest, KvUsage, ReplicaRoom,
+                                            StepTiming)
 from timelyllm_ros.core.engine.eviction import ParkedGeneration
 
 # The operations a fault can be injected into (and the ones fenced).
@@ -148,6 +149,9 @@ class FencedEngine:
 
     def replica_for(self, request_id: str) -> int | None:
         return self.inner.replica_for(request_id)
+
+    def replica_rooms(self) -> list[ReplicaRoom] | None:
+        return self.inner.replica_rooms()
 
     def advance_idle(self, until: float) -> None:
         self.inner.advance_idle(until)

@@ -13,11 +13,13 @@ explains the rule, the knobs and the measured figures.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Collection, Sequence
 
 import numpy as np
 
+from timelyllm_ros.core.engine.base import ReplicaRoom
 from timelyllm_ros.core.policies.builtin import TimelyPolicy
 from timelyllm_ros.core.policies.responses_first import (preserve_within_share,
                                                          responses_first)
@@ -98,12 +100,21 @@ class FirstSegmentMeans:
 
 
 class PredictiveAdmission(CandidateAdmission):
-    """Answers the scheduler's walk from one `decide` per pass (module docstring)."""
+    """Answers the scheduler's walk from one `decide` per pass (module docstring).
+
+    On a fleet whose replicas step on their own (`AdmissionPass.replica_rooms`), one `decide`
+    per replica: a segment's finish depends only on the batch of the replica it runs on, so
+    each replica's decision sees its own running generations, the queued candidates it would
+    run (in walk order: a resume's task's replica, a new plan the router's pick of now,
+    `AdmissionPass.candidate_replicas`), its own free KV blocks and slots, and the arrivals it
+    will get: the fleet's measured rate divided by the number of replicas (the router spreads
+    new plans over them; counting each replica's own arrivals is not done)."""
 
     # The decision has chosen the whole pass: the walk skips what it holds and goes on to the
     # next key it admits (the shortlist), without building a candidate for the others.
     skip_refused = True
     reads_preserved_blocks = True
+    reads_replicas = True
 
     def __init__(self, model: StepTimeModel, *, step_token_budget: int, kv_block_size: int,
                  max_num_seqs: int | None = None, lengths: FirstSegmentMeans | None = None,
@@ -122,6 +133,10 @@ class PredictiveAdmission(CandidateAdmission):
         self._decided_at: float | None = None
         self._admit: frozenset = frozenset()
         self.last_snapshot: DecisionSnapshot | None = None
+        # On a fleet: each replica's snapshot of the last decision, by replica index (empty on
+        # one engine), and how many replicas the last pass saw (None: one engine).
+        self.replica_snapshots: dict[int, DecisionSnapshot] = {}
+        self.replicas: int | None = None
 
     # ---- snapshot
     def running_set(self, running: Sequence[RunningGen]) -> RunningSet:
@@ -180,15 +195,16 @@ class PredictiveAdmission(CandidateAdmission):
                                 StepCoefficients(*map(float, coef)), self.kv_block_size,
                                 self.incoming(now))
 
-    def incoming(self, now: float) -> IncomingResponses:
-        """The measured arrival classes, each priced at its bound's measured first segment."""
+    def incoming(self, now: float, share: float = 1.0) -> IncomingResponses:
+        """The measured arrival classes, each priced at its bound's measured first segment;
+        `share`: the part of the arrivals this decision's engine gets (a replica's)."""
         if self.arrivals is None:
             return IncomingResponses.empty()
         classes = self.arrivals.classes(now)
         if not classes:
             return IncomingResponses.empty()
         return IncomingResponses.build(
-            [rate for _, rate, _, _ in classes], [pre for _, _, pre, _ in classes],
+            [rate * share for _, rate, _, _ in classes], [pre for _, _, pre, _ in classes],
             [ctx for *_, ctx in classes],
             np.array([self.lengths.length_quantiles(key[2]) for key, *_ in classes]),
             [key[0] for key, *_ in classes], [key[1] for key, *_ in classes])
@@ -202,16 +218,49 @@ class PredictiveAdmission(CandidateAdmission):
                               view.slope[first], view.bound_tokens[first],
                               view.prefill_tokens[first], view.context_tokens[first])
 
+    # ---- per replica of a fleet
+    def decide_per_replica(self, now: float, running: Sequence[RunningGen],
+                           candidates: CandidateQueue, where: np.ndarray,
+                           rooms: Sequence[ReplicaRoom]) -> BatchDecision:
+        """One `decide` per replica (class docstring), merged: admissions in walk order.
+        `where`: each candidate's replica (-1: none can take it; it is not admitted)."""
+        self.replicas = n = len(rooms)
+        on = [[] for _ in range(n)]
+        for g in running:
+            if g.replica is not None and 0 <= g.replica < n:
+                on[g.replica].append(g)
+        coef = StepCoefficients(*map(float, self.model.coefficient_array()))
+        incoming = self.incoming(now, 1.0 / n)
+        admit, hold, yields = set(), {}, {}
+        self.replica_snapshots = {}
+        for r, room in enumerate(rooms):
+            snap = DecisionSnapshot(now, self.running_set(on[r]),
+                                    take(candidates, np.flatnonzero(where == r)),
+                                    int(room.free_blocks), room.free_slots,
+                                    self.step_token_budget, coef, self.kv_block_size, incoming)
+            decision = decide(snap)
+            self.replica_snapshots[r] = snap
+            admit.update(decision.admit)
+            hold.update(decision.hold)
+            yields.update(decision.yields)
+        return BatchDecision(tuple(k for k in candidates.keys if k in admit), hold, yields)
+
     # ---- CandidateAdmission
     def begin_pass(self, admission_pass: AdmissionPass) -> None:
-        self.lengths.observe(admission_pass.running)
-        self._observe_arrivals(admission_pass)
-        snap = self.snapshot(admission_pass.now, admission_pass.running,
-                             self.candidate_queue(admission_pass),
-                             admission_pass.free_kv_blocks)
-        self._set(decide(snap), admission_pass.now, snap)
+        p = admission_pass
+        self.lengths.observe(p.running)
+        self._observe_arrivals(p)
+        queue = self.candidate_queue(p)
+        if p.replica_rooms is not None and p.candidate_replicas is not None:
+            decision = self.decide_per_replica(p.now, p.running, queue, p.candidate_replicas,
+                                               p.replica_rooms)
+            self._set(decision, p.now, None)
+            return
+        self.replicas = None
+        snap = self.snapshot(p.now, p.running, queue, p.free_kv_blocks)
+        self._set(decide(snap), p.now, snap)
 
-    def _set(self, decision: BatchDecision, now: float, snap: DecisionSnapshot) -> None:
+    def _set(self, decision: BatchDecision, now: float, snap: DecisionSnapshot | None) -> None:
         self.decision = decision
         self._decided_at = now
         self._admit = frozenset(decision.admit)
@@ -235,9 +284,25 @@ class PredictiveAdmission(CandidateAdmission):
         if self._decided_at != now:
             # No admission pass ran at this step (empty queue): decide on the batch alone.
             self.lengths.observe(running)
+            if self.replicas is not None:
+                # Nothing queued: no room to share out, no slot to count.
+                rooms = [ReplicaRoom(0, None)] * self.replicas
+                self._set(self.decide_per_replica(now, running, CandidateQueue.empty(),
+                                                  np.zeros(0, np.int64), rooms), now, None)
+                return self.decision.yields.keys()
             snap = self.snapshot(now, running, CandidateQueue.empty(), 0)
             self._set(decide(snap), now, snap)
         return self.decision.yields.keys()
+
+
+def take(queue: CandidateQueue, index: np.ndarray) -> CandidateQueue:
+    """The candidates of `queue` at `index` (ascending: the walk order is kept)."""
+    values = {}
+    for f in dataclasses.fields(queue):
+        column = getattr(queue, f.name)
+        values[f.name] = (tuple(column[i] for i in index.tolist()) if f.name == "keys"
+                          else column[index])
+    return CandidateQueue(**values)
 
 
 @dataclass
@@ -286,9 +351,18 @@ class PredictiveTimelyPolicy(TimelyPolicy):
                                    else ArrivalRates(self.arrival_window_s))
 
     def on_step(self, step: StepInfo) -> None:
-        if self.step_model is not None:
+        if self.step_model is None:
+            return
+        if step.replica is None:
             self.step_model.observe(step.duration_s, step.batch_size, step.context_tokens,
                                     step.prefill_tokens)
+            return
+        # A fleet's replica stepped on its own: its step is learnt against its own batch, and
+        # its share of the running context (the scheduler counts the fleet's; its generations
+        # are alike, so a replica's context is about its share of the running count).
+        batch = step.replica_batch_size
+        context = step.context_tokens * batch // step.batch_size if step.batch_size else 0
+        self.step_model.observe(step.duration_s, batch, context, step.prefill_tokens)
 
     def pause_handling(self, pause: PauseInfo) -> str:
         return preserve_within_share(pause, self.preserve_kv_share)

@@ -208,9 +208,14 @@ class AdmissionStep:
         replica_for = state.engine.replica_for
         # Read when first asked, and by the walk until it changes the engine (preserved_blocks.py).
         preserved = PreservedBlocks(paused, self._preserved_blocks_of)
+        rooms = placed = None
+        if admission.reads_replicas:
+            rooms = state.engine.replica_rooms()
+            if rooms is not None:
+                placed = self._placements(keys)
         admission.begin_pass(AdmissionPass(
             now, view, rows, keys, list(batch), free, block_size, state.rate.rate,
-            preserved if admission.reads_preserved_blocks else {}))
+            preserved if admission.reads_preserved_blocks else {}, rooms, placed))
         self._record_overhead(started)
         admitted = []
         refused_parked: set[str] = set()
@@ -267,6 +272,26 @@ class AdmissionStep:
                 free -= need
             admitted.append(task.submit_index)
         return admitted
+
+    def _placements(self, keys: list) -> np.ndarray:
+        """Per queued key, the replica that would run it if it started now
+        (`EngineAdapter.replica_for`), -1 where none can. A plan never submitted has no home
+        yet: every one of them gets the router's pick of now, asked once per pass (nothing is
+        submitted before the walk)."""
+        tasks, replica_for = self.state.tasks, self.state.engine.replica_for
+        out = np.full(len(keys), -1, dtype=np.int64)
+        pick: int | None = -1  # the router's pick for a new plan, once asked
+        for j, key in enumerate(keys):
+            task = tasks[key]
+            if task.engine_requests:
+                replica = replica_for(_next_run_id(task))
+            else:
+                if pick == -1:
+                    pick = replica_for(_next_run_id(task))
+                replica = pick
+            if replica is not None:
+                out[j] = replica
+        return out
 
     def _room_for(self, task: TaskRecord, need: int, ranked_above: Collection[str],
                   now: float) -> EvictionPlan | None:

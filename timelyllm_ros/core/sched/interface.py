@@ -19,7 +19,7 @@ from typing import ClassVar, Collection, Mapping, Protocol, Sequence, TYPE_CHECK
 import numpy as np
 
 from timelyllm_ros.core.engine.base import (DISCARD, ENGINE_SCHEDULING, EngineAdapter,
-                                            EngineNeeds)
+                                            EngineNeeds, ReplicaRoom)
 from timelyllm_ros.core.engine.cost_model import EngineProfile
 from timelyllm_ros.core.errors import FieldError
 from timelyllm_ros.core.sched.queue_view import QueueView
@@ -211,6 +211,13 @@ class AdmissionPass:
     # admission needs that many fewer), by key; filled only for a controller that declares
     # `reads_preserved_blocks`.
     preserved_blocks: Mapping[str, int] = field(default_factory=dict)
+    # On a fleet whose replicas step on their own (`EngineAdapter.replica_rooms`), for a
+    # controller that declares `reads_replicas`: each replica's free KV blocks and slots, and
+    # per candidate (parallel to `keys`) the replica that would run it if it started now
+    # (`EngineAdapter.replica_for`: its task's, or for a new plan the router's pick), -1 where
+    # no replica can. None otherwise.
+    replica_rooms: Sequence[ReplicaRoom] | None = None
+    candidate_replicas: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -265,6 +272,9 @@ class CandidateAdmission(AdmissionController):
     skip_refused: bool = False
     # True: `begin_pass` reads `AdmissionPass.preserved_blocks` (the scheduler fills it).
     reads_preserved_blocks: bool = False
+    # True: `begin_pass` reads `AdmissionPass.replica_rooms` and `candidate_replicas` (the
+    # scheduler fills them on a fleet whose replicas step on their own).
+    reads_replicas: bool = False
 
     def begin_pass(self, admission_pass: AdmissionPass) -> None:
         """Once per admission pass, before the first candidate."""

@@ -46,7 +46,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from timelyllm_ros.core.engine.base import (ENGINE_SCHEDULING, EngineCapabilities, EngineOutput,
-                                            StepTiming, engine_priority)
+                                            ReplicaRoom, StepTiming, engine_priority)
 from timelyllm_ros.core.engine.cost_model import EngineProfile
 from timelyllm_ros.core.engine.sim.blocks import PrefixCachedKv
 from timelyllm_ros.core.engine.sim.pauses import PauseHandling
@@ -132,6 +132,9 @@ class SimulatedEngine(PauseHandling, PrefixCachedKv, RequestQueues):
         return self._last_timing
 
     def replica_for(self, request_id: str) -> int | None:
+        return None  # one engine, not a fleet
+
+    def replica_rooms(self) -> list[ReplicaRoom] | None:
         return None  # one engine, not a fleet
 
     def shutdown(self) -> None:

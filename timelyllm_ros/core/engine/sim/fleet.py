@@ -29,9 +29,11 @@ What the scheduler is told about the fleet: KV blocks and slots summed over the 
 profile of one replica, which replica runs each run and would run each queued one
 (`replica_for`), and, as `last_step_timing()`, the released step's duration, its replica and
 that replica's batch (`StepTiming.replica`, `replica_batch_size`), with the whole fleet's
-running count as `batch_size` for an admission that sees the fleet as one engine. The default
-policy's admission learns each replica's step time against that replica's batch
-(`core.policies.work_conserving.ResponseFirstAdmission`). Between releases, KV use and running
+running count as `batch_size` for an admission that sees the fleet as one engine, and each
+replica's free KV blocks and slots (`replica_rooms`). The default policy's admission learns each
+replica's step time against that replica's batch
+(`core.policies.work_conserving.ResponseFirstAdmission`); `timelyllm-pred` also takes its
+decision per replica, on that replica's batch, queue and room (core/policies/predictive.py). Between releases, KV use and running
 counts are read from the engines, whose state is that at the end of their step in flight (at
 most one step ahead of the common clock, like the metrics a real router reads).
 
@@ -43,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from timelyllm_ros.core.engine.base import EngineAdapter, EngineOutput, StepTiming
+from timelyllm_ros.core.engine.base import EngineAdapter, EngineOutput, ReplicaRoom, StepTiming
 from timelyllm_ros.core.engine.replicas import Replica, ReplicaEngine
 
 
@@ -120,6 +122,21 @@ class SimulatedFleet(ReplicaEngine):
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._in_flight) or super().has_unfinished_requests()
+
+    def replica_rooms(self) -> list[ReplicaRoom]:
+        """Each replica's free KV blocks and slots as its engine reports them (the state at the
+        end of its step in flight, like the rest of what the scheduler reads between releases)."""
+        rooms = []
+        for replica in self.replicas:
+            engine = replica.engine
+            if engine is None or not replica.up():
+                rooms.append(ReplicaRoom(0, 0))
+                continue
+            seqs = engine.capabilities().max_num_seqs
+            rooms.append(ReplicaRoom(
+                engine.kv_usage().free_blocks,
+                None if seqs is None else max(0, seqs - engine.num_running())))
+        return rooms
 
     def in_flight(self) -> int:
         """Replicas with a step in flight (computed, not yet released)."""
