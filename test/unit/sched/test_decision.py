@@ -169,22 +169,3 @@ def test_the_candidate_block_size_does_not_change_the_decision(monkeypatch):
     for block in (1, 7, 1000):
         monkeypatch.setattr(dec, "CANDIDATE_BLOCK", block)
         assert decide(s) == reference
-
-
-@pytest.mark.parametrize("seed", range(6))
-def test_the_light_load_fast_path_decides_as_the_walk_does(monkeypatch, seed):
-    rng = np.random.default_rng(seed)
-    slack = 10.0 if seed % 2 else 0.3  # light load, then a batch with deadlines that bind
-    gens = [(f"g{i}", int(rng.integers(1, 30)), int(rng.integers(100, 3000)),
-             float(rng.uniform(slack / 5, slack)), int(rng.integers(0, 3)), URGENT)
-            for i in range(int(rng.integers(0, 30)))]
-    cands = [(f"c{i}", int(rng.integers(0, 2000)), 10, int(rng.integers(100, 3000)),
-              int(rng.integers(5, 60)), float(rng.uniform(0.1, slack)), 0, NORMAL)
-             for i in range(200)]
-    s = snap(running(*gens), queue(*cands), free_blocks=int(rng.integers(100, 3000)),
-             free_slots=int(rng.integers(1, 120)), budget=2048)
-    fast = decide(s)
-    monkeypatch.setattr(dec, "_admit_all_on_time", lambda *args: 0)
-    assert decide(s) == fast
-    if seed % 2:
-        assert fast.admit  # the fast path had work to do

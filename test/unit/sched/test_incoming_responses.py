@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from timelyllm_ros.core.policies.predictive import FirstSegmentMeans
-from timelyllm_ros.core.sched import decision as dec
+from timelyllm_ros.core.sched import decision_yields
 from timelyllm_ros.core.sched.arrival_rates import ArrivalRates
+from timelyllm_ros.core.sched.decision_batch import PredictedBatch
 from timelyllm_ros.core.sched.decision import (HOLD_COST, YIELD_INCOMING, DecisionSnapshot,
                                                IncomingResponses, decide)
 from timelyllm_ros.core.sched.interface import RunningGen
@@ -92,7 +93,7 @@ def test_running_resumes_yield_when_their_next_segment_would_slow_arriving_respo
 
 def _sequential_incoming_yields(s):
     """The rule of `_incoming_yields`, one resume at a time (the reference for the blocks)."""
-    batch = dec._Batch(s)
+    batch = PredictedBatch(s)
     finish = batch.finish(batch.steps, batch.size, batch.context, batch.prefill)
     step = batch.step_s(batch.size, batch.context)
     r, c = s.running, s.incoming
@@ -101,7 +102,7 @@ def _sequential_incoming_yields(s):
     size, context, out = batch.size, batch.context, {}
 
     def late(size, context):
-        return dec._incoming_lateness(batch, np.array([size]), np.array([context]))[:, 0]
+        return batch.incoming_lateness(np.array([size]), np.array([context]))[:, 0]
 
     weight = c.rate_per_s * c.slope
     for y in pool:
@@ -130,7 +131,7 @@ def test_the_blocked_yield_walk_equals_one_resume_at_a_time(monkeypatch, seed):
     s = snap(running(*gens), queue(), incoming)
     reference = _sequential_incoming_yields(s)
     for block in (1, 3, 128):
-        monkeypatch.setattr(dec, "CANDIDATE_BLOCK", block)
+        monkeypatch.setattr(decision_yields, "RESUME_BLOCK", block)
         assert decide(s).yields == reference
 
 

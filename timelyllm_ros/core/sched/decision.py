@@ -42,103 +42,75 @@ end instead is not predictable from here: taken as its cut-off, zero utility).
 
 Everything is vectorised with numpy over the candidates (in blocks) and over the generations a
 choice can hurt (those that could still be made later than their deadline); the walk stops as
-soon as no slot or no candidate's blocks remain. `bench/decision_cost.py` measures a pick.
+soon as no slot or no candidate's blocks remain. A pass settles a stretch of the one-at-a-time
+walk, not one admission: it guesses which candidates of its block the walk admits (at first
+none, then what the previous pass found for each) and prices each candidate on the batch with
+the guessed admissions before it. Every candidate up to the first the pass decides otherwise
+than guessed was priced on the batch the walk would have, so that stretch, that candidate
+included, is exact; the next pass starts after it. One pass settles a run of holds, a run of
+admissions, or (the guesses mostly right) an overloaded queue's mix of both. A pass's work is
+O(block * (generations at risk + guessed admissions)). `bench/decision_cost.py` measures a
+pick. The prediction and its arithmetic: core/sched/decision_batch.py; the yields:
+core/sched/decision_yields.py.
 """
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
+from timelyllm_ros.core.sched.decision_batch import PredictedBatch
 from timelyllm_ros.core.sched.decision_records import (BatchDecision, CandidateQueue,
                                                        DecisionSnapshot, IncomingResponses,
                                                        RunningSet, StepCoefficients)
+from timelyllm_ros.core.sched.decision_yields import (YIELD_INCOMING, YIELD_ROOM, YIELD_SPEED,
+                                                      yields)
 
-__all__ = ["BatchDecision", "CandidateQueue", "DecisionSnapshot", "IncomingResponses",
-           "RunningSet", "StepCoefficients", "decide"]
+__all__ = ["BatchDecision", "CandidateQueue", "DecisionSnapshot", "HOLD_COST", "HOLD_KV",
+           "HOLD_SLOTS", "IncomingResponses", "RunningSet", "StepCoefficients", "YIELD_INCOMING",
+           "YIELD_ROOM", "YIELD_SPEED", "decide"]
 
 # Candidates evaluated together in one numpy pass (a block); a block's work is
-# O(block * generations at risk). A throughput setting, not a policy one: the decision is the
+# O(block * (generations at risk + guessed admissions)). A throughput setting, not a policy one: the decision is the
 # same for any block size (test).
 CANDIDATE_BLOCK = 128
 
 HOLD_KV = "kv blocks: it needs more than are free"
 HOLD_SLOTS = "no free slot"
 HOLD_COST = "admitting it now would cost the running ones more utility than it gains by not waiting"
-YIELD_SPEED = ("out of the batch after its boundary it brings late generations back on time, "
-               "worth more than it loses")
-YIELD_INCOMING = ("its next segment would make the responses arriving meanwhile later, worth "
-                  "more than it loses by waiting")
-YIELD_ROOM = "its blocks and slot let a queued first segment in, worth more than it loses"
-
-
-class _Batch:
-    """The batch as the walk grows it: every member's steps to its segment end and TUF."""
-
-    def __init__(self, snap: DecisionSnapshot):
-        r = snap.running
-        c = snap.coefficients
-        self.now = snap.now
-        self.coef = c
-        self.size = float(len(r))
-        self.context = float(r.context_tokens.sum())
-        self.prefill = 0.0  # admitted, not yet computed
-        self.free_blocks = int(snap.free_kv_blocks)  # left after the walk's admissions
-        self.free_slots = snap.free_slots
-        # One chunk of prefill per step: what the budget leaves after the running decodes.
-        self.chunk = float(max(1, snap.step_token_budget - len(r)))
-        self.steps = r.remaining_tokens.astype(np.float64)
-        self.deadline = r.deadline_s
-        # Only utility differences are compared, so U0 cancels; k weighs lateness.
-        self.slope = r.slope
-        self.incoming = snap.incoming
-
-    def step_s(self, size, context):
-        c = self.coef
-        return c.decode_fixed_s + c.decode_per_seq_s * size + c.decode_per_ctx_token_s * context
-
-    def finish(self, steps, size, context, prefill):
-        """Seconds from now until `steps` more steps have run (module docstring); numpy
-        broadcasting over any of the arguments."""
-        c = self.coef
-        prefill_steps = np.ceil(prefill / self.chunk)
-        return (steps * self.step_s(size, context)
-                + c.prefill_per_token_s * np.minimum(prefill, steps * self.chunk)
-                + c.prefill_fixed_s * np.minimum(steps, prefill_steps))
-
-    def lateness(self, t, deadline):
-        return np.maximum(self.now + t - deadline, 0.0)
-
-    def add(self, steps, context, prefill, deadline, slope) -> None:
-        self.size += 1
-        self.context += context
-        self.prefill += prefill
-        self.steps = np.append(self.steps, steps)
-        self.deadline = np.append(self.deadline, deadline)
-        self.slope = np.append(self.slope, slope)
 
 
 def decide(snap: DecisionSnapshot) -> BatchDecision:
     """The decision for `snap` (module docstring). Deterministic, and it never admits more than
     the free KV blocks and slots hold."""
-    batch = _Batch(snap)
-    admit, hold = _walk(snap, batch)
-    yields = _yields(snap, batch, hold)
-    return BatchDecision(tuple(admit), hold, yields)
+    batch = PredictedBatch(snap)
+    outcome = _walk(snap, batch)
+    keys = snap.candidates.keys
+    admit = tuple(keys[j] for j in np.flatnonzero(outcome == _ADMITTED).tolist())
+    hold = {keys[j]: _REASONS[code] for j, code in enumerate(outcome.tolist()) if code > 1}
+    held_for_room = np.flatnonzero((outcome == _HELD_KV) | (outcome == _HELD_SLOTS)).tolist()
+    return BatchDecision(admit, hold, yields(snap, batch, held_for_room))
 
 
-def _walk(snap: DecisionSnapshot, batch: _Batch) -> tuple[list[str], dict[str, str]]:
+# What the walk did with each candidate (0: not reached).
+_ADMITTED, _HELD_COST, _HELD_KV, _HELD_SLOTS = 1, 2, 3, 4
+_REASONS = {_HELD_COST: HOLD_COST, _HELD_KV: HOLD_KV, _HELD_SLOTS: HOLD_SLOTS}
+
+
+def _walk(snap: DecisionSnapshot, batch: PredictedBatch) -> np.ndarray:
+    """What the walk does with each candidate, in walk order (`_ADMITTED`, `_HELD_*`); the
+    admissions are added to `batch`."""
     cand = snap.candidates
     n = len(cand)
-    admit: list[str] = []
-    hold: dict[str, str] = {}
+    outcome = np.zeros(n, dtype=np.int8)
     free_blocks = int(snap.free_kv_blocks)
     free_slots = snap.free_slots
     if n == 0:
-        return admit, hold
+        return outcome
     # Smallest need from each position on: the walk stops when nothing further fits.
     min_need_from = np.minimum.accumulate(cand.blocks_needed[::-1])[::-1]
+    # What a pass takes the walk to do with each candidate: at first nothing admitted, then
+    # what the latest pass found for it (module docstring).
+    guess = np.zeros(n, dtype=bool)
     start = 0
     block = CANDIDATE_BLOCK
     while start < n:
@@ -147,139 +119,88 @@ def _walk(snap: DecisionSnapshot, batch: _Batch) -> tuple[list[str], dict[str, s
         if min_need_from[start] > free_blocks:
             break
         stop = min(n, start + block)
-        bulk = _admit_all_on_time(batch, cand, start, stop, free_blocks, free_slots)
-        if bulk:
-            for j in range(start, start + bulk):
-                admit.append(cand.keys[j])
-                free_blocks -= int(cand.blocks_needed[j])
-                _add(batch, cand, j)
-            if free_slots is not None:
-                free_slots -= bulk
-            start += bulk
-            continue
-        sl = slice(start, stop)
-        fits = cand.blocks_needed[sl] <= free_blocks
-        admit_now = fits & _worth_admitting(batch, cand, sl)
-        picked = np.flatnonzero(admit_now)
-        end = stop if not len(picked) else start + int(picked[0])
-        # Held: the state is unchanged by them.
-        hold.update(zip(cand.keys[start:end],
-                        [HOLD_COST if f else HOLD_KV for f in fits[:end - start].tolist()]))
-        if not len(picked):
-            # A long run of holds (a queue of work that waits for the batch to make room):
-            # larger blocks cost fewer numpy passes, the same decisions.
-            start, block = stop, 2 * block
-            continue
-        block = CANDIDATE_BLOCK
-        j = end
-        key = cand.keys[j]
-        admit.append(key)
-        free_blocks -= int(cand.blocks_needed[j])
         if free_slots is not None:
-            free_slots -= 1
-        _add(batch, cand, j)
-        start = j + 1
+            # Past the guessed admission that takes the last slot the walk would stop.
+            last = np.flatnonzero(np.cumsum(guess[start:stop]) >= free_slots)
+            stop = stop if not len(last) else start + int(last[0]) + 1
+        sl = slice(start, stop)
+        admitted_before = guess[sl]
+        need = cand.blocks_needed[sl]
+        fits = need <= free_blocks - _before_each(0, need * admitted_before)
+        admit_now = fits & _worth_admitting(batch, cand, sl, admitted_before)
+        # Exact up to and including the first candidate the pass decides otherwise than it
+        # guessed: every one before it was priced on the batch the walk would have.
+        differ = np.flatnonzero(admit_now != admitted_before)
+        settled = len(admit_now) if not len(differ) else int(differ[0]) + 1
+        outcome[start:start + settled] = np.where(
+            admit_now[:settled], _ADMITTED, np.where(fits[:settled], _HELD_COST, _HELD_KV))
+        taken = start + np.flatnonzero(admit_now[:settled])
+        if len(taken):
+            free_blocks -= int(cand.blocks_needed[taken].sum())
+            if free_slots is not None:
+                free_slots -= len(taken)
+            batch.add(cand, taken)
+        guess[sl] = admit_now
+        # A whole block as guessed (long runs under light load, or of holds): larger blocks,
+        # fewer passes, the same decisions.
+        block = 2 * block if settled == len(admit_now) else CANDIDATE_BLOCK
+        start += settled
     # What the walk did not reach because nothing further fits is held for that reason too.
-    reason = HOLD_SLOTS if free_slots is not None and free_slots <= 0 else HOLD_KV
-    hold.update((key, reason) for key in cand.keys[start:n] if key not in hold)
+    outcome[start:] = _HELD_SLOTS if free_slots is not None and free_slots <= 0 else _HELD_KV
     batch.free_blocks, batch.free_slots = free_blocks, free_slots
-    return admit, hold
+    return outcome
 
 
-def _add(batch: _Batch, cand: CandidateQueue, j: int) -> None:
-    prefill_after = batch.prefill + cand.prefill_tokens[j]
-    steps = np.ceil(prefill_after / batch.chunk) + cand.segment_tokens[j] - 1
-    batch.add(max(1.0, steps), cand.context_tokens[j], cand.prefill_tokens[j],
-              cand.deadline_s[j], cand.slope[j])
+def _before_each(start, values: np.ndarray) -> np.ndarray:
+    """`start` plus the sum of the values before each: a quantity as it grows along a pass."""
+    return start + np.concatenate(([0], np.cumsum(values)[:-1]))
 
 
-def _admit_all_on_time(batch: _Batch, cand: CandidateQueue, start: int, stop: int,
-                       free_blocks: int, free_slots: int | None) -> int:
-    """How many candidates from `start` the walk admits in a row because nobody is late even
-    with all of them in (every member's finish only grows with each admission, so each of
-    their marginal costs is zero and each is admitted): the light-load fast path, equal to
-    the candidate-by-candidate walk (test). 0 when that does not hold."""
-    blocks = np.cumsum(cand.blocks_needed[start:stop])
-    m = int(np.searchsorted(blocks, free_blocks, side="right"))
-    if free_slots is not None:
-        m = min(m, free_slots)
-    if m == 0:
-        return 0
-    sl = slice(start, start + m)
-    prefill = batch.prefill + np.cumsum(cand.prefill_tokens[sl])
-    size = batch.size + m
-    context = batch.context + float(cand.context_tokens[sl].sum())
-    total = float(prefill[-1])
-    members = batch.finish(batch.steps, size, context, total)
-    if (batch.now + members > batch.deadline).any():
-        return 0
-    own_steps = np.maximum(1.0, np.ceil(prefill / batch.chunk) + cand.segment_tokens[sl] - 1)
-    own = batch.finish(own_steps, size, context, total)
-    if (batch.now + own > cand.deadline_s[sl]).any():
-        return 0
-    if len(batch.incoming) and (cand.segment_index[sl] > 0).any() \
-            and _incoming_lateness(batch, np.array([size]), np.array([context])).any():
-        return 0  # a resume in the run would make incoming responses later: walk them
-    return m
-
-
-def _incoming_lateness(batch: _Batch, size: np.ndarray, context: np.ndarray) -> np.ndarray:
-    """Each incoming class's expected lateness (rows) if it arrived now and joined a batch of
-    `size` sequences holding `context` tokens (columns: one per size/context pair). Its
-    response is its prefill, then its first segment's steps; the lateness is averaged over
-    the class's measured first-segment lengths (lateness is convex in the length, so the mean
-    length would understate it)."""
-    inc, c = batch.incoming, batch.coef
-    prefill = c.prefill_fixed_s + c.prefill_per_token_s * inc.prefill_tokens
-    step = batch.step_s(size[None, :] + 1.0, context[None, :] + inc.context_tokens[:, None])
-    # (class, length quantile, column)
-    response = prefill[:, None, None] + inc.segment_tokens[:, :, None] * step[:, None, :]
-    return np.maximum(response - inc.ert_s[:, None, None], 0.0).mean(axis=1)
-
-
-def _incoming_cost(batch: _Batch, context_k: np.ndarray, residency_s: np.ndarray) -> np.ndarray:
-    """What admitting each candidate costs the responses expected to arrive while it runs:
-    `rate * residency` arrivals of each class, each made later by the candidate's share of
-    every step of its first segment, priced by its TUF (only the lateness it adds past its
-    ERT)."""
-    inc = batch.incoming
-    without = _incoming_lateness(batch, np.array([batch.size]), np.array([batch.context]))
-    with_k = _incoming_lateness(batch, np.full(len(context_k), batch.size + 1.0),
-                                batch.context + context_k)
-    per_second = (inc.rate_per_s * inc.slope) @ (with_k - without)
-    return per_second * residency_s
-
-
-def _worth_admitting(batch: _Batch, cand: CandidateQueue, sl: slice) -> np.ndarray:
-    """For each candidate of `sl`, admitted next onto `batch`: gain >= cost (module docstring)."""
+def _worth_admitting(batch: PredictedBatch, cand: CandidateQueue, sl: slice,
+                     admitted_before: np.ndarray) -> np.ndarray:
+    """For each candidate of `sl`: gain >= cost (module docstring) when it is admitted onto
+    `batch` together with the candidates of `sl` before it that `admitted_before` marks (those
+    become members it can make late)."""
     ctx_k = cand.context_tokens[sl]
     pre_k = cand.prefill_tokens[sl]
-    size_k = batch.size + 1
-    context_k = batch.context + ctx_k
-    prefill_k = batch.prefill + pre_k
-    own_steps = np.maximum(1.0, np.ceil(prefill_k / batch.chunk) + cand.segment_tokens[sl] - 1)
+    admitted = np.flatnonzero(admitted_before)
+    if len(admitted):
+        size_0 = batch.size + _before_each(0, admitted_before)
+        context_0 = _before_each(batch.context, ctx_k * admitted_before)
+        prefill_0 = _before_each(batch.prefill, pre_k * admitted_before)
+    else:  # each on the batch as it is (the common pass: a single candidate, a run of holds)
+        size_0, context_0, prefill_0 = batch.size, batch.context, batch.prefill
+    size_k = size_0 + 1
+    context_k = context_0 + ctx_k
+    prefill_k = prefill_0 + pre_k
+    own_steps = batch.own_steps(prefill_k, cand.segment_tokens[sl])
     own_now = batch.finish(own_steps, size_k, context_k, prefill_k)
+    dl = cand.deadline_s[sl]
 
+    steps, deadline, slope = batch.steps, batch.deadline, batch.slope
+    if len(admitted):
+        steps = np.concatenate((steps, own_steps[admitted]))
+        deadline = np.concatenate((deadline, dl[admitted]))
+        slope = np.concatenate((slope, cand.slope[sl][admitted]))
     # The members a candidate can make later than their deadline: those late under the largest
-    # admission of this block (the finish only grows with the candidate's context and
-    # prefill).
-    base = batch.finish(batch.steps, batch.size, batch.context, batch.prefill)
+    # admission of this pass (the finish only grows with size, context and prefill).
     cost = np.zeros(len(ctx_k))
     t_free = np.zeros(len(ctx_k))
-    if len(base):
-        worst = batch.finish(batch.steps, size_k, batch.context + ctx_k.max(initial=0.0),
-                             batch.prefill + pre_k.max(initial=0.0))
-        risk = np.flatnonzero(batch.now + worst > batch.deadline)
+    if len(steps):
+        worst = batch.finish(steps, np.max(size_k), np.max(context_k), np.max(prefill_k))
+        risk = np.flatnonzero(batch.now + worst > deadline)
         if len(risk):
-            steps = batch.steps[risk][:, None]
-            with_k = batch.finish(steps, size_k, context_k[None, :], prefill_k[None, :])
-            late_base = batch.lateness(base[risk], batch.deadline[risk])[:, None]
-            late_k = batch.lateness(with_k, batch.deadline[risk][:, None])
-            loss = batch.slope[risk][:, None] * (late_k - late_base)
+            risk_steps = steps[risk][:, None]
+            base = batch.finish(risk_steps, size_0, context_0, prefill_0)
+            with_k = batch.finish(risk_steps, size_k, context_k, prefill_k)
+            risk_deadline = deadline[risk][:, None]
+            loss = slope[risk][:, None] * (batch.lateness(with_k, risk_deadline)
+                                           - batch.lateness(base, risk_deadline))
+            if len(admitted):  # a candidate of the pass is a member only after its admission
+                joined = np.concatenate((np.full(len(batch.steps), -1), admitted))
+                loss = np.where(joined[risk][:, None] < np.arange(len(ctx_k)), loss, 0.0)
             cost = loss.sum(axis=0)
-            hurt = loss > 0
-            t_free = np.where(hurt, base[risk][:, None], 0.0).max(axis=0)
-    dl = cand.deadline_s[sl]
+            t_free = np.where(loss > 0, base, 0.0).max(axis=0)
     if len(batch.incoming):
         # A resume also slows the responses that arrive while it runs; a response does not
         # pay this, since a response cannot wait out the responses behind it (its own
@@ -288,159 +209,10 @@ def _worth_admitting(batch: _Batch, cand: CandidateQueue, sl: slice) -> np.ndarr
         # lateness it has paid matches what its admission costs).
         resume = cand.segment_index[sl] > 0
         if resume.any():
-            cost = cost + np.where(resume, _incoming_cost(batch, ctx_k, own_now), 0.0)
+            incoming = batch.incoming_cost(size_0, context_0, ctx_k, own_now)
+            cost = cost + np.where(resume, incoming, 0.0)
             t_free = np.where(resume, np.maximum(t_free, batch.lateness(0.0, dl)), t_free)
     # Waiting: started once the members it hurts have finished, then the same service.
     own_wait = t_free + own_now
     gain = cand.slope[sl] * (batch.lateness(own_wait, dl) - batch.lateness(own_now, dl))
     return gain >= cost
-
-
-def _yields(snap: DecisionSnapshot, batch: _Batch, hold: dict[str, str]) -> dict[str, str]:
-    r = snap.running
-    out: dict[str, str] = {}
-    resumes = np.flatnonzero(r.segment_index > 0)
-    if not len(resumes):
-        return out
-    finish = batch.finish(batch.steps, batch.size, batch.context, batch.prefill)
-    step = batch.step_s(batch.size, batch.context)
-    lateness = batch.lateness(finish, batch.deadline)
-    late = np.flatnonzero(lateness > 0)
-    if len(late):
-        # Most slack first: the resumes that lose least by waiting.
-        slack = r.deadline_s[resumes] - (batch.now + finish[resumes])
-        ys = resumes[np.lexsort((resumes, -slack))]
-        coef = batch.coef
-        per_step = coef.decode_per_seq_s + coef.decode_per_ctx_token_s * r.context_tokens[ys]
-        # Seconds each late member saves when y leaves after its boundary (rows: y); what y
-        # saves does not depend on which other resumes leave, so one matrix serves the pass.
-        saved = np.maximum(batch.steps[late][None, :] - batch.steps[ys][:, None], 0.0) \
-            * per_step[:, None]
-        saved[ys[:, None] == late[None, :]] = 0.0
-        helped_finish = np.where(saved > 0, finish[late][None, :], 0.0).max(axis=1)
-        back = np.maximum(finish[ys], helped_finish)
-        segment_s = r.remaining_tokens[ys] * step
-        lose = r.slope[ys] * (batch.lateness(back + segment_s, r.deadline_s[ys])
-                              - batch.lateness(finish[ys] + segment_s, r.deadline_s[ys]))
-        slope_late = batch.slope[late]
-        left = lateness[late]
-        for row, y in enumerate(ys.tolist()):
-            if not left.any():
-                break  # nobody is late any more: a yield saves nothing
-            # Only members the yield brings back on time count, as in the admission: a member
-            # still late after it is late either way, the resume's work only moved.
-            rescued = (left > 0) & (left <= saved[row])
-            gain = float(slope_late[rescued] @ left[rescued])
-            if gain > lose[row]:
-                out[r.keys[y]] = YIELD_SPEED
-                left = np.maximum(left - saved[row], 0.0)
-                after = np.maximum(batch.steps - batch.steps[y], 0.0) * per_step[row]
-                after[y] = 0.0
-                finish = finish - after
-    if len(batch.incoming):
-        _incoming_yields(snap, batch, finish, step, out)
-    _room_yields(snap, batch, hold, finish, step, out)
-    return out
-
-
-def _incoming_yields(snap: DecisionSnapshot, batch: _Batch, finish: np.ndarray, step: float,
-                     out: dict[str, str]) -> None:
-    """Running resumes that go on past their boundary (work-conserving) keep slowing every
-    step for another segment: each is asked to yield at its boundary when what that segment
-    costs the responses arriving meanwhile (`_incoming_cost`, by the rate each class arrives
-    at) exceeds what the resume loses by waiting as long as that segment would take. Resumes
-    with the most slack first; each yield shortens the step the next one is priced on.
-
-    Evaluated in blocks: each block is priced as if every resume before it in the block
-    yielded, which holds up to the first one that does not; the walk resumes after it."""
-    r, inc = snap.running, batch.incoming
-    pool = np.array([y for y in np.flatnonzero(r.segment_index > 0).tolist()
-                     if r.keys[y] not in out], dtype=np.int64)
-    if not len(pool):
-        return
-    slack = r.deadline_s[pool] - batch.now - finish[pool]
-    ys = pool[np.lexsort((pool, -slack))]
-    coef, c = batch.coef, batch.incoming
-    weight = inc.rate_per_s * inc.slope
-    prefill = coef.prefill_fixed_s + coef.prefill_per_token_s * c.prefill_tokens
-    # The step an arrival of each class would run in, with the whole batch.
-    class_step = batch.step_s(batch.size + 1.0, batch.context + c.context_tokens)
-
-    def late(steps):  # steps: (class, column) -> expected lateness (class, column)
-        response = prefill[:, None, None] + c.segment_tokens[:, :, None] * steps[:, None, :]
-        return np.maximum(response - c.ert_s[:, None, None], 0.0).mean(axis=1)
-
-    if not late(class_step[:, None]).any():
-        return  # every arriving response is on time with the whole batch: nobody to protect
-    shorter = coef.decode_per_seq_s + coef.decode_per_ctx_token_s * r.context_tokens[ys]
-    segment_s = r.remaining_tokens[ys] * step
-    # Its next segment: right after this one, or after waiting as long as it would run.
-    on = finish[ys] + segment_s
-    lose = r.slope[ys] * (batch.lateness(on + segment_s, r.deadline_s[ys])
-                          - batch.lateness(on, r.deadline_s[ys]))
-    cut = 0.0  # how much shorter the step is after the yields so far
-    start, n = 0, len(ys)
-    while start < n:
-        stop = min(n, start + CANDIDATE_BLOCK)
-        d = shorter[start:stop]
-        before = cut + np.concatenate(([0.0], np.cumsum(d)[:-1]))
-        steps_before = class_step[:, None] - before[None, :]
-        cost = weight @ (late(steps_before) - late(steps_before - d[None, :])) \
-            * segment_s[start:stop]
-        yes = cost > lose[start:stop]
-        k = len(d) if yes.all() else int(np.argmin(yes))
-        for y in ys[start:start + k].tolist():
-            out[r.keys[y]] = YIELD_INCOMING
-        cut += float(d[:k].sum())
-        start += k if k == len(d) else k + 1
-        if not late(class_step[:, None] - cut).any():
-            return
-
-
-def _room_yields(snap: DecisionSnapshot, batch: _Batch, hold: dict[str, str],
-                 finish: np.ndarray, step: float, out: dict[str, str]) -> None:
-    """Queued first segments held for blocks or slots, in walk order until one is not worth it:
-    the resumes with the most slack yield enough room for one when its utility then exceeds
-    their losses."""
-    r, cand = snap.running, snap.candidates
-    pool = [int(y) for y in np.flatnonzero(r.segment_index > 0) if r.keys[y] not in out]
-    if not pool:
-        return
-    pool.sort(key=lambda y: (-(r.deadline_s[y] - batch.now - finish[y]), y))
-    free_blocks, free_slots = batch.free_blocks, batch.free_slots
-    for j in np.flatnonzero(cand.segment_index == 0).tolist():
-        if not pool:
-            return
-        if hold.get(cand.keys[j]) not in (HOLD_KV, HOLD_SLOTS):
-            continue
-        need_blocks = int(cand.blocks_needed[j]) - free_blocks
-        need_slots = 0 if free_slots is None else 1 - free_slots
-        chosen, got_blocks, lose, when = [], 0, 0.0, 0.0
-        for y in pool:
-            if got_blocks >= need_blocks and len(chosen) >= need_slots:
-                break
-            chosen.append(y)
-            # A resume holds its context and the rest of its segment.
-            got_blocks += -(-int(r.context_tokens[y] + r.remaining_tokens[y])
-                            // snap.kv_block_size)
-            when = max(when, float(finish[y]))
-        if got_blocks < need_blocks or len(chosen) < need_slots:
-            return  # the resumes left cannot make room: nothing later in the walk gets any
-        service = float(batch.finish(
-            max(1.0, math.ceil(cand.prefill_tokens[j] / batch.chunk) + cand.segment_tokens[j] - 1),
-            batch.size, batch.context + cand.context_tokens[j], cand.prefill_tokens[j]))
-        for y in chosen:  # each resumes once the candidate's segment is out
-            segment_s = r.remaining_tokens[y] * step
-            lose += float(r.slope[y] * (
-                batch.lateness(when + service + segment_s, r.deadline_s[y])
-                - batch.lateness(finish[y] + segment_s, r.deadline_s[y])))
-        gain = cand.initial_utility[j] - cand.slope[j] * float(
-            batch.lateness(when + service, cand.deadline_s[j]))
-        if not gain > lose:
-            return  # in walk order until one is not worth its room
-        for y in chosen:
-            out[r.keys[y]] = YIELD_ROOM
-            pool.remove(y)
-        free_blocks += got_blocks - int(cand.blocks_needed[j])
-        if free_slots is not None:
-            free_slots += len(chosen) - 1

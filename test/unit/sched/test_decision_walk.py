@@ -1,0 +1,146 @@
+"""The admission walk in passes over blocks (core/sched/decision.py: each pass guesses which
+candidates are admitted and settles the stretch it guessed right) decides exactly as a walk that
+takes one candidate at a time, written here from the rule in the module's docstring: random
+snapshots with incoming classes, resumes priced at slope 0 and above, KV and slot limits, any
+block size."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from timelyllm_ros.core.sched import decision as dec
+from timelyllm_ros.core.sched.decision import (HOLD_COST, HOLD_KV, HOLD_SLOTS, BatchDecision,
+                                               DecisionSnapshot, IncomingResponses, decide)
+from timelyllm_ros.core.sched.decision_batch import PredictedBatch
+from timelyllm_ros.core.sched.decision_yields import yields
+
+from test_decision import COEF, NORMAL, NOW, PROFILE, URGENT, queue, running
+
+
+def _worth(batch: PredictedBatch, cand, j: int) -> bool:
+    """Candidate j admitted next onto `batch`: what it gains by starting now against waiting
+    for the members it makes later to finish, at least what it costs them (and, for a resume,
+    the arriving responses)."""
+    size, context = batch.size + 1, batch.context + cand.context_tokens[j]
+    prefill = batch.prefill + cand.prefill_tokens[j]
+    own_now = float(batch.finish(batch.own_steps(prefill, cand.segment_tokens[j]), size,
+                                 context, prefill))
+    cost, t_free = 0.0, 0.0
+    for m in range(len(batch.steps)):
+        base = float(batch.finish(batch.steps[m], batch.size, batch.context, batch.prefill))
+        after = float(batch.finish(batch.steps[m], size, context, prefill))
+        loss = batch.slope[m] * (float(batch.lateness(after, batch.deadline[m]))
+                                 - float(batch.lateness(base, batch.deadline[m])))
+        cost += loss
+        if loss > 0:
+            t_free = max(t_free, base)
+    dl = cand.deadline_s[j]
+    inc = batch.incoming
+    if len(inc) and cand.segment_index[j] > 0:
+        without = batch.incoming_lateness(np.array([batch.size]), np.array([batch.context]))
+        with_j = batch.incoming_lateness(np.array([size]), np.array([context]))
+        cost += float((inc.rate_per_s * inc.slope) @ (with_j - without)[:, 0]) * own_now
+        t_free = max(t_free, float(batch.lateness(0.0, dl)))
+    gain = cand.slope[j] * (float(batch.lateness(t_free + own_now, dl))
+                            - float(batch.lateness(own_now, dl)))
+    return gain >= cost
+
+
+def one_at_a_time(s: DecisionSnapshot) -> BatchDecision:
+    batch = PredictedBatch(s)
+    cand = s.candidates
+    admit, hold = [], {}
+    free_blocks, free_slots = s.free_kv_blocks, s.free_slots
+    for j, key in enumerate(cand.keys):
+        if free_slots is not None and free_slots <= 0:
+            hold[key] = HOLD_SLOTS
+        elif cand.blocks_needed[j] > free_blocks:
+            hold[key] = HOLD_KV
+        elif _worth(batch, cand, j):
+            admit.append(key)
+            batch.add(cand, np.array([j]))
+            free_blocks -= int(cand.blocks_needed[j])
+            free_slots = None if free_slots is None else free_slots - 1
+        else:
+            hold[key] = HOLD_COST
+    batch.free_blocks, batch.free_slots = free_blocks, free_slots
+    held_for_room = [j for j, key in enumerate(cand.keys) if hold.get(key) in (HOLD_KV, HOLD_SLOTS)]
+    return BatchDecision(tuple(admit), hold, yields(s, batch, held_for_room))
+
+
+def incoming_classes(rates, lengths):
+    """Urgent drones (ERT 0.2 s, k 10) and normal tasks (ERT 1 s, k 2), as many as `rates`."""
+    n = len(rates)
+    if not n:
+        return IncomingResponses.empty()
+    return IncomingResponses.build(rates, [20.0, 200.0, 60.0][:n], [420.0, 900.0, 2000.0][:n],
+                                   [sorted(lengths)] * n, [0.2, 1.0, 0.5][:n],
+                                   [10.0, 2.0, 1.0][:n])
+
+
+def snapshot(run, cands, incoming, free_blocks, free_slots, budget):
+    return DecisionSnapshot(NOW, run, cands, free_blocks, free_slots, budget, COEF,
+                            PROFILE.kv_block_size, incoming)
+
+
+_slope = st.sampled_from([0.0, 0.5, 1.0, 2.0, 10.0])
+_tuf = st.builds(lambda k: dict(u0=1.0, k=k), _slope)
+_gen = st.tuples(st.integers(1, 40), st.integers(1, 6000), st.floats(-0.5, 3),
+                 st.integers(0, 3), _tuf)
+_cand = st.tuples(st.integers(0, 3000), st.integers(1, 40), st.integers(1, 4000),
+                  st.integers(1, 250), st.floats(-0.3, 4), st.integers(0, 3), _tuf)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_gen, max_size=40), st.lists(_cand, max_size=80),
+       st.lists(st.floats(0.5, 60), max_size=3), st.lists(st.integers(1, 12), min_size=8,
+                                                          max_size=8),
+       st.integers(0, 6000), st.one_of(st.none(), st.integers(0, 60)),
+       st.sampled_from([256, 2048, 8192]), st.sampled_from([1, 3, 16, 128]))
+def test_the_walk_in_passes_equals_one_candidate_at_a_time(gens, cands, rates, lengths,
+                                                           free_blocks, free_slots, budget,
+                                                           block):
+    run = running(*[(f"g{i}", *g) for i, g in enumerate(gens)])
+    q = queue(*[(f"c{i}", *c) for i, c in enumerate(cands)])
+    s = snapshot(run, q, incoming_classes(rates, lengths), free_blocks, free_slots, budget)
+    reference = one_at_a_time(s)
+    original = dec.CANDIDATE_BLOCK
+    try:
+        dec.CANDIDATE_BLOCK = block
+        assert decide(s) == reference
+    finally:
+        dec.CANDIDATE_BLOCK = original
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_long_runs_of_admissions_and_holds_decide_as_one_at_a_time(monkeypatch, seed):
+    """Hundreds of candidates, more than a block: under light load (long runs of admissions)
+    and with deadlines that bind (admissions and holds mixed), resumes among them."""
+    rng = np.random.default_rng(seed)
+    slack = 10.0 if seed % 2 else 0.3
+    gens = [(f"g{i}", int(rng.integers(1, 30)), int(rng.integers(100, 3000)),
+             float(rng.uniform(slack / 5, slack)), int(rng.integers(0, 3)),
+             URGENT if i % 3 else dict(u0=1.0, k=0.0))
+            for i in range(int(rng.integers(0, 60)))]
+    cands = [(f"c{i}", int(rng.integers(0, 2000)), int(rng.integers(1, 20)),
+              int(rng.integers(100, 3000)), int(rng.integers(5, 60)),
+              float(rng.uniform(-0.1, slack)), int(rng.choice([0, 0, 2])),
+              NORMAL if i % 4 else URGENT)
+             for i in range(400)]
+    incoming = incoming_classes([30.0, 40.0], [2, 3, 3, 4, 4, 5, 6, 9]) if seed % 4 < 2 \
+        else IncomingResponses.empty()
+    if seed % 2:  # room for every candidate
+        free_blocks, free_slots = 30000, None
+    else:
+        free_blocks, free_slots = int(rng.integers(500, 8000)), int(rng.integers(1, 200))
+    s = snapshot(running(*gens), queue(*cands), incoming, free_blocks, free_slots, 2048)
+    d = decide(s)
+    reference = one_at_a_time(s)
+    assert d == reference
+    if seed % 2:
+        assert len(d.admit) > 50  # runs of admissions longer than a small block
+    monkeypatch.setattr(dec, "CANDIDATE_BLOCK", 16)
+    assert decide(s) == reference
