@@ -173,8 +173,9 @@ def _worth_admitting(batch: PredictedBatch, cand: CandidateQueue, sl: slice,
     size_k = size_0 + 1
     context_k = context_0 + ctx_k
     prefill_k = prefill_0 + pre_k
+    step_k = batch.step_s(size_k, context_k)
     own_steps = batch.own_steps(prefill_k, cand.segment_tokens[sl])
-    own_now = batch.finish(own_steps, size_k, context_k, prefill_k)
+    own_now = batch.finish_at(own_steps, step_k, prefill_k)
     dl = cand.deadline_s[sl]
 
     steps, deadline, slope = batch.steps, batch.deadline, batch.slope
@@ -192,7 +193,7 @@ def _worth_admitting(batch: PredictedBatch, cand: CandidateQueue, sl: slice,
         if len(risk):
             risk_steps = steps[risk][:, None]
             base = batch.finish(risk_steps, size_0, context_0, prefill_0)
-            with_k = batch.finish(risk_steps, size_k, context_k, prefill_k)
+            with_k = batch.finish_at(risk_steps, step_k, prefill_k)
             risk_deadline = deadline[risk][:, None]
             loss = slope[risk][:, None] * (batch.lateness(with_k, risk_deadline)
                                            - batch.lateness(base, risk_deadline))

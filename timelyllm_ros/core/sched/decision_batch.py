@@ -28,7 +28,15 @@ class PredictedBatch:
         self.deadline = r.deadline_s
         # Only utility differences are compared, so U0 cancels; k weighs lateness.
         self.slope = r.slope
-        self.incoming = snap.incoming
+        self.incoming = inc = snap.incoming
+        # An arrival of each class: its prefill, KV, first-segment lengths and ERT, shaped
+        # (class, length quantile, column) for `incoming_lateness`.
+        self._arrival_prefill_s = (c.prefill_fixed_s
+                                   + c.prefill_per_token_s * inc.prefill_tokens)[:, None, None]
+        self._arrival_context = inc.context_tokens[:, None]
+        self._arrival_lengths = inc.segment_tokens[:, :, None]
+        self._arrival_ert = inc.ert_s[:, None, None]
+        self._arrival_weight = inc.rate_per_s * inc.slope
 
     def step_s(self, size, context):
         c = self.coef
@@ -37,9 +45,13 @@ class PredictedBatch:
     def finish(self, steps, size, context, prefill):
         """Seconds from now until `steps` more steps have run (decision module docstring);
         numpy broadcasting over any of the arguments."""
+        return self.finish_at(steps, self.step_s(size, context), prefill)
+
+    def finish_at(self, steps, step_s, prefill):
+        """`finish` with the decode step already known (`step_s(size, context)`)."""
         c = self.coef
         prefill_steps = np.ceil(prefill / self.chunk)
-        return (steps * self.step_s(size, context)
+        return (steps * step_s
                 + c.prefill_per_token_s * np.minimum(prefill, steps * self.chunk)
                 + c.prefill_fixed_s * np.minimum(steps, prefill_steps))
 
@@ -68,12 +80,10 @@ class PredictedBatch:
         response is its prefill, then its first segment's steps; the lateness is averaged over
         the class's measured first-segment lengths (lateness is convex in the length, so the
         mean length would understate it)."""
-        inc, c = self.incoming, self.coef
-        prefill = c.prefill_fixed_s + c.prefill_per_token_s * inc.prefill_tokens
-        step = self.step_s(size[None, :] + 1.0, context[None, :] + inc.context_tokens[:, None])
-        # (class, length quantile, column)
-        response = prefill[:, None, None] + inc.segment_tokens[:, :, None] * step[:, None, :]
-        return np.maximum(response - inc.ert_s[:, None, None], 0.0).mean(axis=1)
+        step = self.step_s(size[None, :] + 1.0, context[None, :] + self._arrival_context)
+        response = self._arrival_prefill_s + self._arrival_lengths * step[:, None, :]
+        late = np.maximum(response - self._arrival_ert, 0.0)
+        return np.add.reduce(late, axis=1) / late.shape[1]  # the mean, without its overhead
 
     def incoming_cost(self, size, context, context_k: np.ndarray,
                       residency_s: np.ndarray) -> np.ndarray:
@@ -82,10 +92,9 @@ class PredictedBatch:
         while it runs: `rate * residency` arrivals of each class, each made later by the
         candidate's share of every step of its first segment, priced by its TUF (only the
         lateness it adds past its ERT)."""
-        inc = self.incoming
         size, context = np.atleast_1d(size), np.atleast_1d(context)
         without = self.incoming_lateness(size, context)
         with_k = self.incoming_lateness(np.broadcast_to(size + 1.0, context_k.shape),
                                         context + context_k)
-        per_second = (inc.rate_per_s * inc.slope) @ (with_k - without)
+        per_second = self._arrival_weight @ (with_k - without)
         return per_second * residency_s
