@@ -208,7 +208,9 @@ def _worth_admitting(batch: PredictedBatch, cand: CandidateQueue, sl: slice,
         # deadline comes first), while a resume can be deferred past them. A resume waits
         # at least as long again as it is already late (rent or buy: it is admitted once the
         # lateness it has paid matches what its admission costs).
-        resume = cand.segment_index[sl] > 0
+        # Nor does a resume the engine would otherwise idle for: with nothing else in the
+        # batch it runs (work conserving), and yields at its boundary if arrivals need it to.
+        resume = (cand.segment_index[sl] > 0) & (np.asarray(size_0) > 0)
         if resume.any():
             incoming = batch.incoming_cost(size_0, context_0, ctx_k, own_now)
             cost = cost + np.where(resume, incoming, 0.0)
