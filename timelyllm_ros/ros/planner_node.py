@@ -105,6 +105,9 @@ class PlannerNode(LifecycleNode):
             self._robots.forget_ended()  # a new scheduler: task ids may be used again
         for robot_id in self.settings.robots or {}:
             self._robots.client(robot_id)
+            # Made now, not at the first segment: a volatile publisher made just before its
+            # first message loses what it sends before discovery matches the subscribers.
+            self._segment_pub(robot_id)
         self.loop = EngineLoop(self.settings, self, self.get_logger()).start()
         if not self.loop.wait_ready(ENGINE_START_TIMEOUT_S):
             self.get_logger().error(f"configure failed: {self.loop.error or 'engine start timed out'}")
@@ -280,12 +283,16 @@ class PlannerNode(LifecycleNode):
         self.get_logger().error(f"engine fault: {reason}")
         self.supervisor.on_fault(reason)
 
-    def on_segment(self, d: SegmentDispatch) -> None:
-        pub = self._segment_pubs.get(d.robot_id)
+    def _segment_pub(self, robot_id: str):
+        pub = self._segment_pubs.get(robot_id)
         if pub is None:
-            pub = self._segment_pubs[d.robot_id] = self.create_publisher(
-                SkillSegment, topics.robot_topic(d.robot_id, topics.SKILL_SEGMENTS), topics.COMMAND_QOS)
-        pub.publish(segment_msg(d, s_to_time(self._bridge.to_ros(d.dispatched_s))))
+            pub = self._segment_pubs[robot_id] = self.create_publisher(
+                SkillSegment, topics.robot_topic(robot_id, topics.SKILL_SEGMENTS), topics.COMMAND_QOS)
+        return pub
+
+    def on_segment(self, d: SegmentDispatch) -> None:
+        self._segment_pub(d.robot_id).publish(
+            segment_msg(d, s_to_time(self._bridge.to_ros(d.dispatched_s))))
         self._robots.dispatch(d)
         if self._server is not None:
             self._server.on_segment(d, self._bridge.to_ros(d.estimated_done_s))
