@@ -21,6 +21,7 @@ from timelyllm_ros.cli import bench as cli
 from timelyllm_ros.core.engine.cost_model import EngineProfile
 from timelyllm_ros.core.engine.sim.engine import SimulatedEngine
 from timelyllm_ros.core.engine.sim.tokenizer import PieceTokenizer
+from timelyllm_ros.core.policies.registry import DEFAULT_POLICY
 from timelyllm_ros.lrtrace.traces import load_traces
 from timelyllm_ros.lrtrace.workload import Event, TaskSpec, Workload
 
@@ -336,7 +337,7 @@ def test_cli_default_policies_are_stream_and_default(monkeypatch, tmp_path):
     monkeypatch.setattr(fid, "run_fidelity", fake_run)
     assert cli.main(["--fidelity", "fidelity-cpu", "--duration-s", "20", "--model",
                      str(tmp_path)]) == 1
-    assert seen["policies"] == ["vllm-stream", "timelyllm-wc"]
+    assert seen["policies"] == ["vllm-stream", DEFAULT_POLICY]
     assert seen["engine"] == "vllm" and seen["model"] == str(tmp_path) and seen["runs"] == 2
     assert seen["kv"] == EngineProfile.from_yaml(fid.DEFAULT_PROFILE).kv_total_blocks
     assert seen["tasks"] > 0
