@@ -39,7 +39,9 @@ def _worth(batch: PredictedBatch, cand, j: int) -> bool:
             t_free = max(t_free, base)
     dl = cand.deadline_s[j]
     inc = batch.incoming
-    if len(inc) and cand.segment_index[j] > 0:
+    # A resume pays for arrivals only beside something else (one the engine would otherwise
+    # idle for runs).
+    if len(inc) and cand.segment_index[j] > 0 and batch.size > 0:
         without = batch.incoming_lateness(np.array([batch.size]), np.array([batch.context]))
         with_j = batch.incoming_lateness(np.array([size]), np.array([context]))
         cost += float((inc.rate_per_s * inc.slope) @ (with_j - without)[:, 0]) * own_now

@@ -40,6 +40,16 @@ that does not fit the KV blocks or slots asks the resumes with the most slack to
 for it when the utility it would then get exceeds what they lose (waiting for a whole plan to
 end instead is not predictable from here: taken as its cut-off, zero utility).
 
+**Responses that arrive** (`snap.incoming`, measured by the policy's adapter per class of
+task: arrival rate, prompt, first-segment length distribution, TUF). A resume also costs the
+responses that arrive while it runs: each class's `rate * residency` arrivals, each made later
+by the resume's share of every step of its first segment (expected lateness over the class's
+measured lengths). That cost is added to a candidate resume's admission (a response never pays
+it: it cannot wait out the responses behind it; nor does a resume the engine would otherwise
+idle for), and a running resume that would go on past its boundary yields there when its next
+segment costs the arrivals more than it loses by waiting that long. A resume with a TUF slope
+waits at most as long again as it is already late (rent or buy). docs/batch-control.md.
+
 Everything is vectorised with numpy over the candidates (in blocks) and over the generations a
 choice can hurt (those that could still be made later than their deadline); the walk stops as
 soon as no slot or no candidate's blocks remain. A pass settles a stretch of the one-at-a-time
