@@ -13,7 +13,6 @@ explains the rule, the knobs and the measured figures.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Collection, Sequence
 
@@ -164,12 +163,13 @@ class PredictiveAdmission(CandidateAdmission):
         context = view.context_tokens[rows]
         bound = view.bound_tokens[rows]
         blocks = -(-(context + bound) // p.block_size)
-        if p.preserved_blocks:
-            held = held_by(p.preserved_blocks, p.keys)
-            if held:
-                for j, key in enumerate(p.keys):
-                    if key in held:
-                        blocks[j] -= held[key]
+        # No truth test of the mapping first: that would look up every paused generation's
+        # blocks, where `held_by` looks up only the queued ones.
+        held = held_by(p.preserved_blocks, p.keys)
+        if held:
+            for j, key in enumerate(p.keys):
+                if key in held:
+                    blocks[j] -= held[key]
         # A first segment is priced at the measured first segments of its bound (its skill
         # set's), a resume's at its bound.
         segment = np.maximum(bound, 1).astype(np.float64)
@@ -235,7 +235,7 @@ class PredictiveAdmission(CandidateAdmission):
         self.replica_snapshots = {}
         for r, room in enumerate(rooms):
             snap = DecisionSnapshot(now, self.running_set(on[r]),
-                                    take(candidates, np.flatnonzero(where == r)),
+                                    candidates.take(np.flatnonzero(where == r)),
                                     int(room.free_blocks), room.free_slots,
                                     self.step_token_budget, coef, self.kv_block_size, incoming)
             decision = decide(snap)
@@ -293,16 +293,6 @@ class PredictiveAdmission(CandidateAdmission):
             snap = self.snapshot(now, running, CandidateQueue.empty(), 0)
             self._set(decide(snap), now, snap)
         return self.decision.yields.keys()
-
-
-def take(queue: CandidateQueue, index: np.ndarray) -> CandidateQueue:
-    """The candidates of `queue` at `index` (ascending: the walk order is kept)."""
-    values = {}
-    for f in dataclasses.fields(queue):
-        column = getattr(queue, f.name)
-        values[f.name] = (tuple(column[i] for i in index.tolist()) if f.name == "keys"
-                          else column[index])
-    return CandidateQueue(**values)
 
 
 @dataclass

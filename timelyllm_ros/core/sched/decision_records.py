@@ -5,7 +5,7 @@ from its scheduler. All arrays are read-only."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -121,6 +121,11 @@ class CandidateQueue:
         if n and (out.segment_tokens < 1).any():
             raise ValueError("segment_tokens: must be >= 1")
         return out
+
+    def take(self, index: np.ndarray) -> "CandidateQueue":
+        """The candidates at `index` (ascending: the walk order is kept)."""
+        return CandidateQueue(tuple(self.keys[i] for i in index.tolist()),
+                              *(getattr(self, f.name)[index] for f in fields(self)[1:]))
 
     @classmethod
     def empty(cls) -> "CandidateQueue":
