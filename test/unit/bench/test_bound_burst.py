@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from timelyllm_ros.bench.bound import alone_latency_s, upper_bound
+from timelyllm_ros.bench.burst_search import event_tasks, search
 from timelyllm_ros.bench.bound_burst import (best_assignment, completion_floors_s,
                                              grouped_responses, own_steps_floor_s,
                                              prefill_floors)
@@ -144,6 +145,24 @@ def test_no_policy_beats_the_burst_bound_in_a_replay(seed):
                 # overstates a copy's prefill and can be beaten).
                 assert sum(bound[i].utility for i in ids) <= \
                     sum(bound[i].alone_utility for i in ids) + 1e-12
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_the_best_schedule_found_by_search_stays_under_the_burst_bound(seed):
+    """The validity check against the best schedule of each burst (bench/burst_search.py: an
+    exhaustive search over when each task joins the engine), not only the policies' ones."""
+    workload = load_workload("WID1")
+    rng = np.random.default_rng(seed)
+    events, first = [], 0
+    for n in range(3):
+        events.append(_event(rng, n, 1.0 + 6.0 * n, first))
+        first += len(events[-1].tasks)
+    bound = {b.task_id: b for b in upper_bound(events, workload, CONFIG)}
+    for event in events:
+        burst = event_tasks([event], events, workload, CONFIG, earlier=False)
+        found = search(burst)
+        assert found.complete
+        assert found.utility <= sum(bound[t.task_id].utility for t in burst.tasks) + 1e-9
 
 
 def test_the_assignment_beats_a_greedy_order():
