@@ -169,3 +169,19 @@ def test_the_candidate_block_size_does_not_change_the_decision(monkeypatch):
     for block in (1, 7, 1000):
         monkeypatch.setattr(dec, "CANDIDATE_BLOCK", block)
         assert decide(s) == reference
+
+
+def test_hold_reasons_read_like_a_dict_and_positions_name_the_admitted():
+    # "a" fits, "b" does not (kv), "c" fits again: the walk admits a and c, holds b for blocks.
+    d = decide(snap(RunningSet.empty(),
+                    queue(("a", 10, 5, 100, 5, 5.0, 0, NORMAL),
+                          ("b", 10, 5, 100, 50, 5.0, 0, NORMAL),
+                          ("c", 10, 5, 100, 5, 5.0, 0, NORMAL)),
+                    free_blocks=12))
+    assert d.admit == ("a", "c") and d.admit_positions == (0, 2)
+    assert len(d.hold) == 1 and list(d.hold) == ["b"] and "b" in d.hold and "a" not in d.hold
+    assert d.hold["b"] == HOLD_KV and d.hold.get("a") is None and dict(d.hold) == {"b": HOLD_KV}
+    with pytest.raises(KeyError):
+        d.hold["c"]
+    # Positions describe where the choices are; equal choices are equal decisions.
+    assert d == dec.BatchDecision(("a", "c"), {"b": HOLD_KV}, {})

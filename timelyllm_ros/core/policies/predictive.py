@@ -163,26 +163,32 @@ class PredictiveAdmission(CandidateAdmission):
         context = view.context_tokens[rows]
         bound = view.bound_tokens[rows]
         blocks = -(-(context + bound) // p.block_size)
-        # No truth test of the mapping first: that would look up every paused generation's
-        # blocks, where `held_by` looks up only the queued ones.
-        held = held_by(p.preserved_blocks, p.keys)
-        if held:
-            for j, key in enumerate(p.keys):
-                if key in held:
-                    blocks[j] -= held[key]
+        # Only a resume can hold a preserved pause's blocks. No truth test of the mapping
+        # first: that would look up every paused generation's blocks, where `held_by` looks up
+        # only the queued ones.
+        segment_index = view.segment_index[rows]
+        resumes = np.flatnonzero(segment_index > 0).tolist()
+        if resumes:
+            keys = p.keys
+            resume_keys = [keys[j] for j in resumes]
+            held = held_by(p.preserved_blocks, resume_keys)
+            if held:
+                for j, key in zip(resumes, resume_keys):
+                    if key in held:
+                        blocks[j] -= held[key]
         # A first segment is priced at the measured first segments of its bound (its skill
         # set's), a resume's at its bound.
         segment = np.maximum(bound, 1).astype(np.float64)
-        first = view.segment_index[rows] == 0
-        if first.any():
+        first = segment_index == 0
+        if len(resumes) < len(rows):
             segment[first] = self.lengths.tokens_by_bound(bound[first])
+        slope = view.slope[rows]
         return CandidateQueue(
             tuple(p.keys), view.prefill_tokens[rows].astype(np.float64),
             segment, bound.astype(np.float64),
             context.astype(np.float64), blocks,
             view.reference_s[rows] + view.ert_s[rows], view.initial_utility[rows],
-            np.where(~first, view.slope[rows] * self.resume_weight, view.slope[rows]),
-            view.segment_index[rows])
+            np.where(first, slope, slope * self.resume_weight), segment_index)
 
     def snapshot(self, now: float, running: Sequence[RunningGen],
                  candidates: CandidateQueue, free_kv_blocks: int) -> DecisionSnapshot:
@@ -231,19 +237,21 @@ class PredictiveAdmission(CandidateAdmission):
                 on[g.replica].append(g)
         coef = StepCoefficients(*map(float, self.model.coefficient_array()))
         incoming = self.incoming(now, 1.0 / n)
-        admit, hold, yields = set(), {}, {}
+        admitted, hold, yields = [], {}, {}
         self.replica_snapshots = {}
         for r, room in enumerate(rooms):
-            snap = DecisionSnapshot(now, self.running_set(on[r]),
-                                    candidates.take(np.flatnonzero(where == r)),
+            mine = np.flatnonzero(where == r)
+            snap = DecisionSnapshot(now, self.running_set(on[r]), candidates.take(mine),
                                     int(room.free_blocks), room.free_slots,
                                     self.step_token_budget, coef, self.kv_block_size, incoming)
             decision = decide(snap)
             self.replica_snapshots[r] = snap
-            admit.update(decision.admit)
+            admitted.extend(mine[list(decision.admit_positions)].tolist())
             hold.update(decision.hold)
             yields.update(decision.yields)
-        return BatchDecision(tuple(k for k in candidates.keys if k in admit), hold, yields)
+        admitted.sort()
+        keys = candidates.keys
+        return BatchDecision(tuple(keys[j] for j in admitted), hold, yields, tuple(admitted))
 
     # ---- CandidateAdmission
     def begin_pass(self, admission_pass: AdmissionPass) -> None:
@@ -268,6 +276,10 @@ class PredictiveAdmission(CandidateAdmission):
 
     def shortlist(self) -> Collection | None:
         return self._admit
+
+    def shortlist_positions(self) -> Sequence[int] | None:
+        # The decision's positions are in the pass's candidate queue, built from its keys.
+        return None if self.decision is None else self.decision.admit_positions
 
     def may_admit_candidate(self, batch: Sequence[RunningGen], candidate: Candidate,
                             free_kv_blocks: int) -> tuple[bool, str]:

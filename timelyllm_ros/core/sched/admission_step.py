@@ -10,6 +10,7 @@ prefix cache serves its full blocks), or a paused one resumed in place.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import time
@@ -190,19 +191,6 @@ class AdmissionStep:
         self._walk_found = batch[:]  # (the walk appends to `batch`)
         free = self.free_blocks()
         block_size = state.context.kv_block_size
-        # The candidates' columns as lists, in walk order, taken before admissions below
-        # reorder the queue's rows. A queued generation's row holds its context and bound
-        # (written when it was queued; neither changes while it waits), so the walk reads them
-        # here rather than recomputing them per candidate from the task (O(queue) per pass).
-        context = view.context_tokens[rows]
-        bounds = view.bound_tokens[rows]
-        needs = (-(-(context + bounds) // block_size)).tolist()  # as _blocks_needed
-        deadlines = (view.reference_s[rows] + view.ert_s[rows]).tolist()
-        context, bounds = context.tolist(), bounds.tolist()
-        prefill = view.prefill_tokens[rows].tolist()
-        seg_index = view.segment_index[rows].tolist()
-        urgent = view.is_urgent[rows].tolist()
-        task_seq = view.task_seq[rows].tolist()
         admission = self.controller
         tasks, shared_of, paused = state.tasks, state.shared_of, state.paused
         replica_for = state.engine.replica_for
@@ -220,18 +208,41 @@ class AdmissionStep:
         admitted = []
         refused_parked: set[str] = set()
         shortlist = admission.shortlist()
-        for j, task_id in enumerate(keys):
-            if shortlist is not None and task_id not in shortlist:
-                if admission.skip_refused:  # refused, nothing to displace for it
-                    continue
-                break
+        # The positions the walk below visits: all, or with a shortlist those on it (a refusal
+        # without displacement, `CandidateAdmission.shortlist`), or only the leading run of
+        # them when a refusal ends the walk. In overload the queue holds thousands and a pass
+        # admits a few, so the columns below are read for those positions only.
+        if shortlist is None:
+            visit = range(len(keys))
+        elif admission.skip_refused:
+            visit = admission.shortlist_positions()
+            if visit is None:
+                visit = [j for j, key in enumerate(keys) if key in shortlist]
+        else:
+            visit = list(itertools.takewhile(lambda j: keys[j] in shortlist, range(len(keys))))
+        # The candidates' columns as lists, in the order visited, taken before admissions below
+        # reorder the queue's rows. A queued generation's row holds its context and bound
+        # (written when it was queued; neither changes while it waits), so the walk reads them
+        # here rather than recomputing them per candidate from the task.
+        reach = rows[np.asarray(visit, dtype=np.intp)] if shortlist is not None else rows
+        context = view.context_tokens[reach]
+        bounds = view.bound_tokens[reach]
+        needs = (-(-(context + bounds) // block_size)).tolist()  # as _blocks_needed
+        deadlines = (view.reference_s[reach] + view.ert_s[reach]).tolist()
+        context, bounds = context.tolist(), bounds.tolist()
+        prefill = view.prefill_tokens[reach].tolist()
+        seg_index = view.segment_index[reach].tolist()
+        urgent = view.is_urgent[reach].tolist()
+        task_seq = view.task_seq[reach].tolist()
+        for i, j in enumerate(visit):
+            task_id = keys[j]
             task = tasks[task_id]
-            need = needs[j]
+            need = needs[i]
             if paused and task_id in paused:
                 need -= preserved.current(task_id)
             tuf = task.spec.tuf
-            cand = Candidate(task_id, task_seq[j], context[j], bounds[j], prefill[j], need,
-                             deadlines[j], urgent[j], seg_index[j], task.spec.skill_set,
+            cand = Candidate(task_id, task_seq[i], context[i], bounds[i], prefill[i], need,
+                             deadlines[i], urgent[i], seg_index[i], task.spec.skill_set,
                              shared_of.get(task_id, 0), tuf.initial_utility, tuf.slope_per_s,
                              replica_for(_next_run_id(task)))
             plan = self._room_for(task, need, refused_parked, now)

@@ -70,8 +70,9 @@ import numpy as np
 
 from timelyllm_ros.core.sched.decision_batch import PredictedBatch
 from timelyllm_ros.core.sched.decision_records import (BatchDecision, CandidateQueue,
-                                                       DecisionSnapshot, IncomingResponses,
-                                                       RunningSet, StepCoefficients)
+                                                       DecisionSnapshot, HoldReasons,
+                                                       IncomingResponses, RunningSet,
+                                                       StepCoefficients)
 from timelyllm_ros.core.sched.decision_yields import (YIELD_INCOMING, YIELD_ROOM, YIELD_SPEED,
                                                       yields)
 
@@ -83,6 +84,7 @@ __all__ = ["BatchDecision", "CandidateQueue", "DecisionSnapshot", "HOLD_COST", "
 # O(block * (generations at risk + guessed admissions)). A throughput setting, not a policy one: the decision is the
 # same for any block size (test).
 CANDIDATE_BLOCK = 128
+_GROWTH = 2
 
 HOLD_KV = "kv blocks: it needs more than are free"
 HOLD_SLOTS = "no free slot"
@@ -95,10 +97,11 @@ def decide(snap: DecisionSnapshot) -> BatchDecision:
     batch = PredictedBatch(snap)
     outcome = _walk(snap, batch)
     keys = snap.candidates.keys
-    admit = tuple(keys[j] for j in np.flatnonzero(outcome == _ADMITTED).tolist())
-    hold = {keys[j]: _REASONS[code] for j, code in enumerate(outcome.tolist()) if code > 1}
+    admitted = tuple(np.flatnonzero(outcome == _ADMITTED).tolist())
+    admit = tuple(keys[j] for j in admitted)
+    hold = HoldReasons(keys, outcome, _REASONS, np.flatnonzero(outcome > _ADMITTED))
     held_for_room = np.flatnonzero((outcome == _HELD_KV) | (outcome == _HELD_SLOTS)).tolist()
-    return BatchDecision(admit, hold, yields(snap, batch, held_for_room))
+    return BatchDecision(admit, hold, yields(snap, batch, held_for_room), admitted)
 
 
 # What the walk did with each candidate (0: not reached).
@@ -153,7 +156,7 @@ def _walk(snap: DecisionSnapshot, batch: PredictedBatch) -> np.ndarray:
         guess[sl] = admit_now
         # A whole block as guessed (long runs under light load, or of holds): larger blocks,
         # fewer passes, the same decisions.
-        block = 2 * block if settled == len(admit_now) else CANDIDATE_BLOCK
+        block = _GROWTH * block if settled == len(admit_now) else CANDIDATE_BLOCK
         start += settled
     # What the walk did not reach because nothing further fits is held for that reason too.
     outcome[start:] = _HELD_SLOTS if free_slots is not None and free_slots <= 0 else _HELD_KV
@@ -174,7 +177,8 @@ def _worth_admitting(batch: PredictedBatch, cand: CandidateQueue, sl: slice,
     ctx_k = cand.context_tokens[sl]
     pre_k = cand.prefill_tokens[sl]
     admitted = np.flatnonzero(admitted_before)
-    if len(admitted):
+    admitted_none = not len(admitted)
+    if not admitted_none:
         size_0 = batch.size + _before_each(0, admitted_before)
         context_0 = _before_each(batch.context, ctx_k * admitted_before)
         prefill_0 = _before_each(batch.prefill, pre_k * admitted_before)
@@ -194,11 +198,13 @@ def _worth_admitting(batch: PredictedBatch, cand: CandidateQueue, sl: slice,
         deadline = np.concatenate((deadline, dl[admitted]))
         slope = np.concatenate((slope, cand.slope[sl][admitted]))
     # The members a candidate can make later than their deadline: those late under the largest
-    # admission of this pass (the finish only grows with size, context and prefill).
-    cost = np.zeros(len(ctx_k))
-    t_free = np.zeros(len(ctx_k))
+    # admission of this pass (the finish only grows with size, context and prefill). (Scalars
+    # where every candidate sees the same batch: a pass costs its numpy calls more than its
+    # arithmetic, and the walk makes several per admission pass.)
+    cost = t_free = 0.0
     if len(steps):
-        worst = batch.finish(steps, np.max(size_k), np.max(context_k), np.max(prefill_k))
+        worst = batch.finish(steps, size_k if admitted_none else size_k[-1], context_k.max(),
+                             prefill_k.max())
         risk = np.flatnonzero(batch.now + worst > deadline)
         if len(risk):
             risk_steps = steps[risk][:, None]
@@ -220,8 +226,12 @@ def _worth_admitting(batch: PredictedBatch, cand: CandidateQueue, sl: slice,
         # lateness it has paid matches what its admission costs).
         # Nor does a resume the engine would otherwise idle for: with nothing else in the
         # batch it runs (work conserving), and yields at its boundary if arrivals need it to.
-        resume = (cand.segment_index[sl] > 0) & (np.asarray(size_0) > 0)
-        if resume.any():
+        resume = cand.segment_index[sl] > 0
+        if not admitted_none:
+            resume &= size_0 > 0
+        elif size_0 <= 0:
+            resume = None
+        if resume is not None and resume.any():
             incoming = batch.incoming_cost(size_0, context_0, ctx_k, own_now)
             cost = cost + np.where(resume, incoming, 0.0)
             t_free = np.where(resume, np.maximum(t_free, batch.lateness(0.0, dl)), t_free)

@@ -37,6 +37,8 @@ class PredictedBatch:
         self._arrival_lengths = inc.segment_tokens[:, :, None]
         self._arrival_ert = inc.ert_s[:, None, None]
         self._arrival_weight = inc.rate_per_s * inc.slope
+        # The arrivals' lateness with the batch as it is, for the (size, context) it was for.
+        self._without: tuple[tuple[float, float], np.ndarray] | None = None
 
     def step_s(self, size, context):
         c = self.coef
@@ -92,9 +94,18 @@ class PredictedBatch:
         while it runs: `rate * residency` arrivals of each class, each made later by the
         candidate's share of every step of its first segment, priced by its TUF (only the
         lateness it adds past its ERT)."""
-        size, context = np.atleast_1d(size), np.atleast_1d(context)
-        without = self.incoming_lateness(size, context)
-        with_k = self.incoming_lateness(np.broadcast_to(size + 1.0, context_k.shape),
-                                        context + context_k)
+        if np.ndim(size) == 0 and np.ndim(context) == 0:
+            # The batch as it is (a pass with no admission before its candidates): the same
+            # for every candidate of the pass, and for every pass until the walk admits.
+            known = self._without
+            if known is None or known[0] != (size, context):
+                known = self._without = ((size, context), self.incoming_lateness(
+                    np.array([size], dtype=np.float64), np.array([context], dtype=np.float64)))
+            without = known[1]
+        else:
+            size, context = np.atleast_1d(size), np.atleast_1d(context)
+            without = self.incoming_lateness(size, context)
+        # (Broadcast against the candidates by the step's arithmetic.)
+        with_k = self.incoming_lateness(np.atleast_1d(size + 1.0), context + context_k)
         per_second = self._arrival_weight @ (with_k - without)
         return per_second * residency_s

@@ -5,6 +5,7 @@ from its scheduler. All arrays are read-only."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 
 import numpy as np
@@ -201,12 +202,57 @@ class DecisionSnapshot:
             raise ValueError(f"free_slots: must be >= 0 or None, got {self.free_slots!r}")
 
 
+class HoldReasons(Mapping[str, str]):
+    """Queued key -> why the walk held it, read from the walk's outcome per candidate.
+
+    In overload thousands are queued and a pass admits one or two, while the scheduler reads a
+    reason only for a candidate it asks about; building the whole dict at every pass cost more
+    than the walk itself. So the walk's codes are kept as they are, and the mapping from key to
+    position is built when a reason is first asked for."""
+
+    def __init__(self, keys: tuple[str, ...], codes: np.ndarray, reasons: Mapping[int, str],
+                 held: np.ndarray):
+        """`codes[j]`: what the walk did with `keys[j]`; `held`: the positions whose code is a
+        hold, ascending (`reasons` gives each such code's reason)."""
+        self._keys = keys
+        self._codes = codes
+        self._reasons = reasons
+        self._held = held
+        self._position: dict[str, int] | None = None
+
+    def _positions(self) -> dict[str, int]:
+        if self._position is None:
+            keys = self._keys
+            self._position = {keys[j]: j for j in self._held.tolist()}
+        return self._position
+
+    def __getitem__(self, key: str) -> str:
+        return self._reasons[int(self._codes[self._positions()[key]])]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._positions()
+
+    def __iter__(self) -> Iterator[str]:
+        keys = self._keys
+        return (keys[j] for j in self._held.tolist())
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def __repr__(self) -> str:
+        return f"HoldReasons({dict(self)!r})"
+
+
 @dataclass(frozen=True)
 class BatchDecision:
     """admit: keys to start now, in walk order. hold: queued keys the walk reached and refused,
     with the reason. yields: running keys to suspend at their next boundary, with the reason.
-    Queued keys in neither were not reached (the walk stopped: nothing further fitted)."""
+    Queued keys in neither were not reached (the walk stopped: nothing further fitted).
+    admit_positions: where each admitted key is in the snapshot's candidate queue (ascending),
+    or None where the decision was not taken on one queue."""
 
     admit: tuple[str, ...]
-    hold: dict[str, str] = field(default_factory=dict)
+    hold: Mapping[str, str] = field(default_factory=dict)
     yields: dict[str, str] = field(default_factory=dict)
+    # (Where the keys are, not a choice: two decisions with the same choices are equal.)
+    admit_positions: tuple[int, ...] | None = field(default=None, compare=False)
