@@ -6,7 +6,8 @@ beside the burst bound and the policies' figures.
 
 Without --event: one line per burst (an event, or events released before the best schedule of
 the one before has its first segments out), each figure the burst's summed utility, then the
-member's means over every task. With --event: those events as one burst, each task's response.
+member's means over every task. With --event: those events as one burst, each task's response,
+with the schedule that adds every task at once beside the best.
 The policies are replayed on the whole member (`bench.replay.run_policies`), so their figures
 include what other events' plans cost them; the searched figures serve each burst alone.
 """
@@ -18,7 +19,8 @@ import sys
 from dataclasses import replace
 from typing import Sequence
 
-from timelyllm_ros.bench.burst_search import event_tasks, relaxed, replay_on_engine, search
+from timelyllm_ros.bench.burst_search import (event_tasks, relaxed, replay_on_engine, search,
+                                              simulate)
 from timelyllm_ros.bench.config import BenchConfig
 
 def bursts(events: Sequence[Event], burst_of, node_limit: int):
@@ -119,7 +121,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("relaxed best" + ("" if loose.complete else " (node limit)"),
              list(loose.responses)),
             ("best found" + ("" if found.complete else " (node limit)"), list(found.responses)),
-            ("  replayed on the engine", engine)] + \
+            ("  replayed on the engine", engine),
+            ("all at once", simulate(burst, [0] * len(ids)))] + \
         [(p, [got[p][i].response_time_s for i in ids]) for p in got]
     for name, times in rows:
         total = sum(t.tuf.utility(r) for t, r in zip(burst.tasks, times))
