@@ -53,3 +53,25 @@ def test_a_value_not_read_before_the_engine_changed_is_refused():
     blocks.seal()
     with pytest.raises(RuntimeError, match="preserved_blocks\\['a'\\]: read .* in begin_pass"):
         blocks["a"]
+
+
+def test_held_at_gives_the_candidates_positions_from_the_paused_ones():
+    held = {"a": 3, "b": 0, "c": 5, "d": 7}
+    asked = []
+
+    def blocks_of(key):
+        asked.append(key)
+        return held[key]
+    paused = {key: ("rid-" + key, "preserve") for key in held}
+    # "d" is paused but not a candidate of this pass (not eligible yet): never asked.
+    positions = {"a": 4, "b": 0, "c": 1}
+    blocks = PreservedBlocks(paused, blocks_of, positions.get)
+    assert blocks.held_at() == [(1, 5), (4, 3)]
+    assert sorted(asked) == ["a", "b", "c"]
+    assert blocks["c"] == 5 and sorted(asked) == ["a", "b", "c"]  # read once
+    blocks.seal()
+    with pytest.raises(RuntimeError, match="held_at: read it in begin_pass"):
+        blocks.held_at()
+    with pytest.raises(RuntimeError, match="without the candidates' positions"):
+        PreservedBlocks(paused, blocks_of).held_at()
+    assert PreservedBlocks.empty().held_at() == [] and not PreservedBlocks.empty()

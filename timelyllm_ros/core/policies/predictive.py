@@ -29,7 +29,6 @@ from timelyllm_ros.core.sched.decision import (BatchDecision, CandidateQueue, De
 from timelyllm_ros.core.sched.interface import (AdmissionController, AdmissionPass, Candidate,
                                                 CandidateAdmission, PauseInfo, RunningGen,
                                                 SchedulerContext, StepInfo)
-from timelyllm_ros.core.sched.preserved_blocks import held_by
 from timelyllm_ros.core.sched.queue_view import QueueView
 from timelyllm_ros.core.sched.step_model import StepTimeModel
 
@@ -163,24 +162,15 @@ class PredictiveAdmission(CandidateAdmission):
         context = view.context_tokens[rows]
         bound = view.bound_tokens[rows]
         blocks = -(-(context + bound) // p.block_size)
-        # Only a resume can hold a preserved pause's blocks. No truth test of the mapping
-        # first: that would look up every paused generation's blocks, where `held_by` looks up
-        # only the queued ones.
+        # Read from the paused generations (a few dozen), not the queue (thousands).
+        for j, held in p.preserved_blocks.held_at():
+            blocks[j] -= held
         segment_index = view.segment_index[rows]
-        resumes = np.flatnonzero(segment_index > 0).tolist()
-        if resumes:
-            keys = p.keys
-            resume_keys = [keys[j] for j in resumes]
-            held = held_by(p.preserved_blocks, resume_keys)
-            if held:
-                for j, key in zip(resumes, resume_keys):
-                    if key in held:
-                        blocks[j] -= held[key]
+        first = segment_index == 0
         # A first segment is priced at the measured first segments of its bound (its skill
         # set's), a resume's at its bound.
         segment = np.maximum(bound, 1).astype(np.float64)
-        first = segment_index == 0
-        if len(resumes) < len(rows):
+        if first.any():
             segment[first] = self.lengths.tokens_by_bound(bound[first])
         slope = view.slope[rows]
         return CandidateQueue(

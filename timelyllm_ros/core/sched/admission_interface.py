@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Collection, Mapping, Protocol, Sequence
+from typing import Collection, Protocol, Sequence
 
 import numpy as np
 
 from timelyllm_ros.core.engine.base import ReplicaRoom
+from timelyllm_ros.core.sched.preserved_blocks import PreservedBlocks
 from timelyllm_ros.core.sched.queue_view import QueueView
 
 
@@ -80,9 +81,9 @@ class AdmissionPass:
     block_size: int
     rate: float | None = None  # measured decode speed of one generation (tokens/s)
     # KV blocks that queued generations' preserved pauses still hold in the engine (their
-    # admission needs that many fewer), by key; filled only for a controller that declares
-    # `reads_preserved_blocks`.
-    preserved_blocks: Mapping[str, int] = field(default_factory=dict)
+    # admission needs that many fewer), by key and by position (`PreservedBlocks.held_at`);
+    # filled only for a controller that declares `reads_preserved_blocks`.
+    preserved_blocks: PreservedBlocks = field(default_factory=PreservedBlocks.empty)
     # On a fleet whose replicas step on their own (`EngineAdapter.replica_rooms`), for a
     # controller that declares `reads_replicas`: each replica's free KV blocks and slots, and
     # per candidate (parallel to `keys`) the replica that would run it if it started now

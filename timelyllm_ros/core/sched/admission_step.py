@@ -195,7 +195,8 @@ class AdmissionStep:
         tasks, shared_of, paused = state.tasks, state.shared_of, state.paused
         replica_for = state.engine.replica_for
         # Read when first asked, and by the walk until it changes the engine (preserved_blocks.py).
-        preserved = PreservedBlocks(paused, self._preserved_blocks_of)
+        preserved = PreservedBlocks(paused, self._preserved_blocks_of,
+                                    self._positions_in(view, rows))
         rooms = placed = None
         if admission.reads_replicas:
             rooms = state.engine.replica_rooms()
@@ -203,7 +204,8 @@ class AdmissionStep:
                 placed = self._placements(keys)
         admission.begin_pass(AdmissionPass(
             now, view, rows, keys, list(batch), free, block_size, state.rate.rate,
-            preserved if admission.reads_preserved_blocks else {}, rooms, placed))
+            preserved if admission.reads_preserved_blocks else PreservedBlocks.empty(), rooms,
+            placed))
         self._record_overhead(started)
         admitted = []
         refused_parked: set[str] = set()
@@ -283,6 +285,25 @@ class AdmissionStep:
                 free -= need
             admitted.append(task.submit_index)
         return admitted
+
+    def _positions_in(self, view: QueueView, rows: np.ndarray):
+        """key -> its position in this pass's walk order (`rows`), None where it is not a
+        candidate of the pass; as of the pass's start (admissions move the queue's rows)."""
+        tasks, queue = self.state.tasks, self.state.queue
+        position_of_row = None
+
+        def position_of(key: str) -> int | None:
+            nonlocal position_of_row
+            slot = tasks[key].queue_slot
+            if slot is None:
+                return None
+            if position_of_row is None:
+                position_of_row = np.full(len(view), -1, dtype=np.int64)
+                position_of_row[rows] = np.arange(len(rows))
+            position = int(position_of_row[queue.index_of(slot)])
+            return None if position < 0 else position
+
+        return position_of
 
     def _placements(self, keys: list) -> np.ndarray:
         """Per queued key, the replica that would run it if it started now

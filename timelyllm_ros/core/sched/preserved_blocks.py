@@ -18,11 +18,20 @@ class PreservedBlocks(Mapping[str, int]):
     """Task id -> blocks its preserved pause holds (only those holding some), as of the start
     of one admission pass (`AdmissionPass.preserved_blocks`), computed on first read."""
 
-    def __init__(self, paused: Mapping[str, object], blocks_of: Callable[[str], int]):
+    def __init__(self, paused: Mapping[str, object], blocks_of: Callable[[str], int],
+                 position_of: Callable[[str], int | None] | None = None):
+        """`paused`: the paused generations by key; `blocks_of(key)`: what its pause holds
+        now; `position_of(key)`: where the key is among the pass's candidates
+        (`AdmissionPass.keys`), None where it is not one (for `held_at`)."""
         self._paused = paused
         self._blocks_of = blocks_of
+        self._position_of = position_of
         self._known: dict[str, int] = {}
         self._sealed = False
+
+    @classmethod
+    def empty(cls) -> "PreservedBlocks":
+        return cls({}, lambda key: 0, lambda key: None)
 
     def _value(self, key: str) -> int:
         value = self._known.get(key)
@@ -54,14 +63,24 @@ class PreservedBlocks(Mapping[str, int]):
     def __bool__(self) -> bool:
         return any(self._value(key) for key in self._paused)
 
-    def held_by(self, keys) -> dict[str, int]:
-        """key -> blocks for those of `keys` whose preserved pause holds some (a set
-        intersection first: in overload most queued keys hold none)."""
-        out = {}
-        for key in self._paused.keys() & set(keys):
-            value = self._value(key)
-            if value:
-                out[key] = value
+    def held_at(self) -> list[tuple[int, int]]:
+        """(position among the pass's candidates, blocks) for each candidate whose preserved
+        pause holds some, by position. Reads the paused generations, not the candidates: in
+        overload thousands are queued, a few dozen paused. Only before the pass changes the
+        engine (positions and values are the pass's start)."""
+        if self._position_of is None:
+            raise RuntimeError("held_at: this map was built without the candidates' positions")
+        if self._sealed:
+            raise RuntimeError("held_at: read it in begin_pass; the pass has since changed "
+                               "the engine's paused generations")
+        out = []
+        for key in self._paused:
+            position = self._position_of(key)
+            if position is not None:
+                value = self._value(key)
+                if value:
+                    out.append((position, value))
+        out.sort()
         return out
 
     def seal(self) -> None:
@@ -75,10 +94,3 @@ class PreservedBlocks(Mapping[str, int]):
             return self._value(key)
         return self._blocks_of(key) if key in self._paused else 0
 
-
-def held_by(blocks: Mapping[str, int], keys) -> dict[str, int]:
-    """key -> blocks for those of `keys` that `blocks` (a pass's `PreservedBlocks`, or any
-    mapping) gives a preserved pause."""
-    if isinstance(blocks, PreservedBlocks):
-        return blocks.held_by(keys)
-    return {key: blocks[key] for key in keys if key in blocks}
