@@ -146,3 +146,32 @@ def test_long_runs_of_admissions_and_holds_decide_as_one_at_a_time(monkeypatch, 
         assert len(d.admit) > 50  # runs of admissions longer than a small block
     monkeypatch.setattr(dec, "CANDIDATE_BLOCK", 16)
     assert decide(s) == reference
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_resumes_shown_never_worth_it_get_the_walks_holds(monkeypatch, seed):
+    """The default's overload: hundreds of resumes whose lateness weighs nothing (slope 0)
+    queued behind responses, with responses arriving late. `_never_worth` sets them aside
+    unpriced; the decision is still the one-at-a-time walk's, holds and their reasons included,
+    with room for all, for some (kv) and with few slots."""
+    rng = np.random.default_rng(100 + seed)
+    gens = [(f"g{i}", int(rng.integers(1, 30)), int(rng.integers(100, 3000)),
+             float(rng.uniform(0.05, 2.0)), int(rng.integers(0, 2)), URGENT)
+            for i in range(int(rng.integers(5, 40)))]
+    resume = dict(u0=1.0, k=0.0)
+    cands = [(f"c{i}", int(rng.integers(0, 2000)), int(rng.integers(1, 20)),
+              int(rng.integers(100, 3000)), int(rng.integers(5, 60)),
+              float(rng.uniform(-0.1, 1.0)), 0 if i < 40 else int(rng.integers(1, 4)),
+              URGENT if i < 40 else resume)
+             for i in range(400)]
+    incoming = incoming_classes([30.0, 40.0], [2, 3, 3, 4, 4, 5, 6, 9])
+    room = [(30000, None), (int(rng.integers(300, 3000)), None), (30000, int(rng.integers(0, 6)))]
+    free_blocks, free_slots = room[seed % 3]
+    s = snapshot(running(*gens), queue(*cands), incoming, free_blocks, free_slots, 2048)
+    never = dec._never_worth(s.candidates, PredictedBatch(s))
+    assert never is not None and never.sum() == 360  # every resume: the path is exercised
+    d = decide(s)
+    assert d == one_at_a_time(s)
+    assert set(d.admit).isdisjoint(f"c{i}" for i in range(40, 400))
+    monkeypatch.setattr(dec, "_never_worth", lambda cand, batch: None)
+    assert decide(s) == d and dict(decide(s).hold) == dict(d.hold)

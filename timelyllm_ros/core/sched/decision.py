@@ -95,8 +95,19 @@ def decide(snap: DecisionSnapshot) -> BatchDecision:
     """The decision for `snap` (module docstring). Deterministic, and it never admits more than
     the free KV blocks and slots hold."""
     batch = PredictedBatch(snap)
-    outcome = _walk(snap, batch)
-    keys = snap.candidates.keys
+    cand = snap.candidates
+    never = _never_worth(cand, batch)
+    if never is None:
+        outcome = _walk(cand, snap.free_kv_blocks, snap.free_slots, batch)
+    else:
+        # The walk over the others decides exactly as over all (those never admitted change
+        # neither the batch nor the room); they get the hold the walk would have given them.
+        walked = np.flatnonzero(~never)
+        outcome = np.empty(len(cand), dtype=np.int8)
+        outcome[walked] = _walk(cand.take(walked), snap.free_kv_blocks, snap.free_slots, batch)
+        outcome[never] = _hold_unwalked(cand, np.flatnonzero(never), walked, outcome[walked],
+                                        snap.free_kv_blocks, snap.free_slots)
+    keys = cand.keys
     admitted = tuple(np.flatnonzero(outcome == _ADMITTED).tolist())
     admit = tuple(keys[j] for j in admitted)
     hold = HoldReasons(keys, outcome, _REASONS, np.flatnonzero(outcome > _ADMITTED))
@@ -109,14 +120,59 @@ _ADMITTED, _HELD_COST, _HELD_KV, _HELD_SLOTS = 1, 2, 3, 4
 _REASONS = {_HELD_COST: HOLD_COST, _HELD_KV: HOLD_KV, _HELD_SLOTS: HOLD_SLOTS}
 
 
-def _walk(snap: DecisionSnapshot, batch: PredictedBatch) -> np.ndarray:
-    """What the walk does with each candidate, in walk order (`_ADMITTED`, `_HELD_*`); the
-    admissions are added to `batch`."""
-    cand = snap.candidates
+def _never_worth(cand: CandidateQueue, batch: PredictedBatch) -> np.ndarray | None:
+    """The candidates the walk can be shown never to admit without pricing each (None if it
+    cannot): resumes whose lateness weighs nothing (slope 0, the default `resume_weight`), when
+    even one with the smallest context, prompt and segment among them would cost the arriving
+    responses something on the batch as it is now.
+
+    Such a resume gains nothing by starting now, so the walk admits it only at zero cost. Its
+    cost to the arrivals grows with its context (a longer step), with its prompt and segment
+    (a longer residency), and with the batch (lateness is convex in the step time, and the walk
+    only adds to the batch). So if that smallest resume costs them more than nothing, each of
+    them does, at every point of the walk. In overload they are most of a queue of thousands;
+    pricing them was most of a decision's time."""
+    if not len(batch.incoming) or batch.size <= 0 or not len(cand):
+        return None
+    never = (cand.slope == 0) & (cand.segment_index > 0)
+    if not never.any():
+        return None
+    context = cand.context_tokens[never].min()
+    prefill = batch.prefill + cand.prefill_tokens[never].min()
+    step = batch.step_s(batch.size + 1.0, batch.context + context)
+    residency = batch.finish_at(batch.own_steps(prefill, cand.segment_tokens[never].min()),
+                                step, prefill)
+    cost = batch.incoming_cost(batch.size, batch.context, np.array([context]),
+                               np.array([residency]))
+    return never if cost[0] > 0 else None
+
+
+def _hold_unwalked(cand: CandidateQueue, unwalked: np.ndarray, walked: np.ndarray,
+                   walked_outcome: np.ndarray, free_blocks: int,
+                   free_slots: int | None) -> np.ndarray:
+    """The hold the walk gives each candidate at `unwalked` (positions, ascending) that it
+    never admits, from what it did with the others: no slot left once the admission that took
+    the last one is behind it; else its blocks against those left by the admissions before
+    it (kv, or the cost that holds it)."""
+    admitted = walked[walked_outcome == _ADMITTED]
+    before = np.searchsorted(admitted, unwalked)
+    taken = np.concatenate(([0], np.cumsum(cand.blocks_needed[admitted])))[before]
+    out = np.where(cand.blocks_needed[unwalked] <= free_blocks - taken, _HELD_COST, _HELD_KV)
+    if free_slots is not None:
+        if free_slots <= 0:
+            out[:] = _HELD_SLOTS
+        elif len(admitted) >= free_slots:
+            out[unwalked > admitted[free_slots - 1]] = _HELD_SLOTS
+    return out.astype(np.int8)
+
+
+def _walk(cand: CandidateQueue, free_kv_blocks: int, free_slots: int | None,
+          batch: PredictedBatch) -> np.ndarray:
+    """What the walk does with each candidate of `cand`, in walk order (`_ADMITTED`,
+    `_HELD_*`); the admissions are added to `batch`, and the room they leave set on it."""
     n = len(cand)
     outcome = np.zeros(n, dtype=np.int8)
-    free_blocks = int(snap.free_kv_blocks)
-    free_slots = snap.free_slots
+    free_blocks = int(free_kv_blocks)
     if n == 0:
         return outcome
     # Smallest need from each position on: the walk stops when nothing further fits.
