@@ -269,7 +269,7 @@ def test_scheduler_admits_in_arrival_order_until_the_first_refusal():
     adm = sch.admission.controller
     refused = sch.tasks[by_arrival[len(running)]]
     cand = _cand(len(refused.prompt_ids), sch.state.shared_of[refused.task_id])
-    usage, size = adm.usage_and_size(sch.admission.batch_state(eng.now()), cand)
+    usage, size = adm.usage_and_size(sch.admission.inputs.batch_state(eng.now()), cand)
     assert usage + size > adm.budget_tokens
     assert adm.refusals == 1
 

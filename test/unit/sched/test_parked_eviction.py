@@ -59,7 +59,7 @@ def _tight_kv():
     of its own; the system prompt's are shared): measured on a roomy engine."""
     sch, eng, _, b = _two_parked(1000)
     used = eng.kv_usage().total_blocks - eng.kv_usage().free_blocks
-    return used + sch.admission.blocks_needed(b) - 2
+    return used + sch.admission.inputs.blocks_needed(b) - 2
 
 
 def test_an_urgent_admission_evicts_the_parked_generation_whose_robot_is_back_last():

@@ -18,12 +18,13 @@ from typing import Collection
 
 import numpy as np
 
-from timelyllm_ros.core.engine.base import PRESERVE, EngineRequest
+from timelyllm_ros.core.engine.base import EngineRequest
 from timelyllm_ros.core.generation import resume_regex
 from timelyllm_ros.core.sched.interface import (AdmissionController, AdmissionPass, Candidate,
                                                 CandidateAdmission, Gate, GenerationInfo,
                                                 RunningGen)
 from timelyllm_ros.core.sched.parked import EvictionPlan, ParkedEviction
+from timelyllm_ros.core.sched.pass_inputs import PassInputs, next_run_id
 from timelyllm_ros.core.sched.preserved_blocks import PreservedBlocks
 from timelyllm_ros.core.sched.queue_view import QueueView
 from timelyllm_ros.core.sched.sizes import bound_of, context_of, is_complete_program, plan_budget
@@ -50,6 +51,7 @@ class AdmissionStep:
         self.controller = controller
         self.candidate_aware = isinstance(controller, CandidateAdmission)
         self.gate = gate
+        self.inputs = PassInputs(state, book)
         # The running batch as this pass's walk found it (None without a walk): after the walk
         # those of its generations still running are unchanged, so the yield check after the
         # pass builds only the generations the walk admitted.
@@ -63,7 +65,7 @@ class AdmissionStep:
         self._walk_found = None
         self._admit_queued(now)
         if state.running and self.candidate_aware and state.policy.suspend_when == "contended":
-            batch = self.batch_state(now, known=self._walk_found)
+            batch = self.inputs.batch_state(now, known=self._walk_found)
             bar = self.controller.yield_below(batch, now, state.rate.rate)
             if bar is not None:
                 c = state.contention
@@ -126,7 +128,7 @@ class AdmissionStep:
             # for a controller that does not read them. The controller gets a copy: it may keep
             # what it is given.
             reads_running = self.controller.reads_running
-            budgets = self._running_budgets(now) if reads_running else []
+            budgets = self.inputs.running_budgets(now) if reads_running else []
             rate = state.rate.rate
             # Keys as of now (admissions reorder the rows), looked up only for the rows the walk
             # reaches: it usually stops after a few of a queue that may hold thousands.
@@ -134,7 +136,7 @@ class AdmissionStep:
             walk = rows.tolist()
             for i, row in enumerate(walk):
                 task = state.tasks[row_keys[row]]
-                need, free = self.blocks_needed(task), self.free_blocks()
+                need, free = self.inputs.blocks_needed(task), self.inputs.free_blocks()
                 # (Refusal ends this walk, so no parked generation ranks above this one.)
                 plan = self._room_for(task, need, (), now)
                 if plan is not None:
@@ -149,7 +151,7 @@ class AdmissionStep:
                 self.controller.note_admission()
                 admitted.append(task.submit_index)
                 if reads_running and task.engine_request_id is not None:  # (it may be refused)
-                    budgets.append(self._budget_of(task, now))
+                    budgets.append(self.inputs.budget_of(task, now))
         if admitted and self.gate is not None:
             self.gate.note_prefill()
         if state.hooks.admitted:
@@ -187,21 +189,21 @@ class AdmissionStep:
                           started: float, priorities: np.ndarray) -> list[int]:
         """The admission walk for candidate-aware controllers (MC-SF look-ahead, BROS, ...)."""
         state = self.state
-        batch = self.batch_state(now)
+        batch = self.inputs.batch_state(now)
         self._walk_found = batch[:]  # (the walk appends to `batch`)
-        free = self.free_blocks()
+        free = self.inputs.free_blocks()
         block_size = state.context.kv_block_size
         admission = self.controller
         tasks, shared_of, paused = state.tasks, state.shared_of, state.paused
         replica_for = state.engine.replica_for
         # Read when first asked, and by the walk until it changes the engine (preserved_blocks.py).
-        preserved = PreservedBlocks(paused, self._preserved_blocks_of,
-                                    self._positions_in(view, rows))
+        preserved = PreservedBlocks(paused, self.inputs.preserved_blocks_of,
+                                    self.inputs.positions_in(view, rows))
         rooms = placed = None
         if admission.reads_replicas:
             rooms = state.engine.replica_rooms()
             if rooms is not None:
-                placed = self._placements(keys)
+                placed = self.inputs.placements(keys)
         admission.begin_pass(AdmissionPass(
             now, view, rows, keys, list(batch), free, block_size, state.rate.rate,
             preserved if admission.reads_preserved_blocks else PreservedBlocks.empty(), rooms,
@@ -246,14 +248,14 @@ class AdmissionStep:
             cand = Candidate(task_id, task_seq[i], context[i], bounds[i], prefill[i], need,
                              deadlines[i], urgent[i], seg_index[i], task.spec.skill_set,
                              shared_of.get(task_id, 0), tuf.initial_utility, tuf.slope_per_s,
-                             replica_for(_next_run_id(task)))
+                             replica_for(next_run_id(task)))
             plan = self._room_for(task, need, refused_parked, now)
             ok, _why = admission.may_admit_candidate(
                 batch, cand, free if plan is None else max(free, plan.free_after))
             if ok and plan is not None:
                 preserved.seal()
                 self.parked.carry_out(plan, now)
-                free = self.free_blocks()
+                free = self.inputs.free_blocks()
             if not ok:
                 victims = admission.displacement_for(batch, cand, free)
                 if victims:
@@ -262,7 +264,7 @@ class AdmissionStep:
                         self.book.preempt(tasks[key], now)
                     gone = set(victims)
                     batch = [g for g in batch if g.key not in gone]
-                    free = self.free_blocks()
+                    free = self.inputs.free_blocks()
                     ok, _why = admission.may_admit_candidate(batch, cand, free)
             if not ok:
                 if state.contention is None:
@@ -286,45 +288,6 @@ class AdmissionStep:
             admitted.append(task.submit_index)
         return admitted
 
-    def _positions_in(self, view: QueueView, rows: np.ndarray):
-        """key -> its position in this pass's walk order (`rows`), None where it is not a
-        candidate of the pass; as of the pass's start (admissions move the queue's rows)."""
-        tasks, queue = self.state.tasks, self.state.queue
-        position_of_row = None
-
-        def position_of(key: str) -> int | None:
-            nonlocal position_of_row
-            slot = tasks[key].queue_slot
-            if slot is None:
-                return None
-            if position_of_row is None:
-                position_of_row = np.full(len(view), -1, dtype=np.int64)
-                position_of_row[rows] = np.arange(len(rows))
-            position = int(position_of_row[queue.index_of(slot)])
-            return None if position < 0 else position
-
-        return position_of
-
-    def _placements(self, keys: list) -> np.ndarray:
-        """Per queued key, the replica that would run it if it started now
-        (`EngineAdapter.replica_for`), -1 where none can. A plan never submitted has no home
-        yet: every one of them gets the router's pick of now, asked once per pass (nothing is
-        submitted before the walk)."""
-        tasks, replica_for = self.state.tasks, self.state.engine.replica_for
-        out = np.full(len(keys), -1, dtype=np.int64)
-        pick: int | None = -1  # the router's pick for a new plan, once asked
-        for j, key in enumerate(keys):
-            task = tasks[key]
-            if task.engine_requests:
-                replica = replica_for(_next_run_id(task))
-            else:
-                if pick == -1:
-                    pick = replica_for(_next_run_id(task))
-                replica = pick
-            if replica is not None:
-                out[j] = replica
-        return out
-
     def _room_for(self, task: TaskRecord, need: int, ranked_above: Collection[str],
                   now: float) -> EvictionPlan | None:
         """Parked generations to evict for this admission (parked.py), None if none is needed
@@ -338,66 +301,6 @@ class AdmissionStep:
         return self.parked.eviction_plan(task.task_id, need - free,
                                          self.parked.parked_hold_slots(), ranked_above, now, free)
 
-    def batch_state(self, now: float,
-                    known: list[RunningGen] | None = None) -> list[RunningGen]:
-        """The running batch, as candidate-aware admission controllers see it. `known`: records
-        built at this `now` of generations that have not run a step since (they are reused)."""
-        run_bound, shared_of = self.state.run_bound, self.state.shared_of
-        replica_for = self.state.engine.replica_for
-        reuse = {g.key: g for g in known} if known else {}
-        out = []
-        for rid, task in self.state.running.items():
-            if reuse:
-                gen = reuse.get(task.spec.task_id)
-                if gen is not None:
-                    out.append(gen)
-                    continue
-            tuf = task.spec.tuf
-            out.append(RunningGen(task.task_id, context_of(task), task.tokens_this_run,
-                                  run_bound.get(rid, 0), deadline_of(task, now),
-                                  task.spec.is_urgent, task.spec.skill_set,
-                                  shared_of.get(task.task_id, 0), len(task.segments),
-                                  tuf.initial_utility, tuf.slope_per_s, replica_for(rid)))
-        return out
-
-    def free_blocks(self) -> int:
-        engine = self.state.engine
-        free = engine.kv_usage().free_blocks
-        if not self.state.running and self.state.paused:
-            # With nothing running the engine revokes preserved pauses for a waiting request
-            # (else it could wait for ever on blocks that only a queued generation would free).
-            free += engine.pinned_blocks()
-        return free
-
-    def _running_budgets(self, now: float) -> list[tuple[int, float, int]]:
-        return [self._budget_of(task, now) for task in self.state.running.values()]
-
-    def _budget_of(self, task: TaskRecord, now: float) -> tuple[int, float, int]:
-        # (tokens so far, remaining budget, this generation's own segment bound): in a mixed
-        # fleet a drone segment is bounded by 10 tokens, a chat one by 60.
-        bound = self.state.run_bound.get(task.engine_request_id)
-        if bound is None:
-            bound = self.book.skill_set_of(task.spec).max_segment_tokens
-        return task.tokens_this_run, deadline_of(task, now) - now, bound
-
-    def blocks_needed(self, task: TaskRecord) -> int:
-        bs = self.state.context.kv_block_size
-        context = context_of(task)
-        tokens = context + bound_of(task, self.book.skill_set_of(task.spec))
-        return -(-tokens // bs) - self.preserved_blocks(task, context)
-
-    def preserved_blocks(self, task: TaskRecord, context: int) -> int:
-        """Blocks a preserved pause of `task` still holds in the engine (its full blocks)."""
-        paused = self.state.paused.get(task.task_id)
-        if paused is not None and paused[1] == PRESERVE:
-            if self.state.engine.paused_handling(paused[0]) == PRESERVE:
-                return max(0, context - 1) // self.state.context.kv_block_size
-        return 0
-
-    def _preserved_blocks_of(self, task_id: str) -> int:
-        task = self.state.tasks[task_id]
-        return self.preserved_blocks(task, context_of(task))
-
     def _start(self, task: TaskRecord, now: float) -> None:
         """Submit `task`'s next run to the engine: a fresh plan, a discarded generation with
         its token ids (the prefix cache serves its full blocks), or a paused one in place."""
@@ -409,7 +312,7 @@ class AdmissionStep:
         # vLLM compiles each distinct grammar once, and a compile costs seconds on a small CPU.
         program = skill_set.output_regex()
         generated_ids = task.generated.token_ids
-        request_id = _next_run_id(task)
+        request_id = next_run_id(task)
         task.engine_requests += 1
         resuming = bool(task.segments) or bool(generated_ids)
         if resuming:
@@ -457,9 +360,3 @@ class AdmissionStep:
             task_id=task.task_id, is_urgent=task.spec.is_urgent,
             deadline_s=deadline_of(task, now), bound_tokens=bound_of(task, skill_set),
             context_tokens=context_of(task), skill_set=skill_set.name), now)
-
-
-def _next_run_id(task: TaskRecord) -> str:
-    """The engine request id of `task`'s next run (`<task>#<n>`: the replica router's
-    affinity key is the part before the last `#`)."""
-    return f"{task.task_id}#{task.engine_requests}"
