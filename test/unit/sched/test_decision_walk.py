@@ -175,3 +175,65 @@ def test_resumes_shown_never_worth_it_get_the_walks_holds(monkeypatch, seed):
     assert set(d.admit).isdisjoint(f"c{i}" for i in range(40, 400))
     monkeypatch.setattr(dec, "_never_worth", lambda cand, batch: None)
     assert decide(s) == d and dict(decide(s).hold) == dict(d.hold)
+
+
+def _speed_yields_one_at_a_time(s: DecisionSnapshot) -> dict[str, str]:
+    """The speed rule of `yields`, every resume priced in turn (most slack first)."""
+    batch = PredictedBatch(s)
+    r = s.running
+    finish = batch.finish(batch.steps, batch.size, batch.context, batch.prefill)
+    step = batch.step_s(batch.size, batch.context)
+    left = batch.lateness(finish, batch.deadline)
+    late_at_first, finish_at_first = left > 0, finish.copy()
+    pool = sorted((int(y) for y in np.flatnonzero(r.segment_index > 0)),
+                  key=lambda y: (-(r.deadline_s[y] - NOW - finish[y]), y))
+    out = {}
+    for y in pool:
+        if not (left > 0).any():
+            break
+        per_step = COEF.decode_per_seq_s + COEF.decode_per_ctx_token_s * r.context_tokens[y]
+        saved = np.maximum(batch.steps - batch.steps[y], 0.0) * per_step
+        saved[y] = 0.0
+        rescued = (left > 0) & (left <= saved)
+        gain = float(batch.slope[rescued] @ left[rescued])
+        # When the members it speeds up (those late before any yield) are out.
+        helped = max([float(finish_at_first[m])
+                      for m in np.flatnonzero((saved > 0) & late_at_first)], default=0.0)
+        back = max(float(finish[y]), helped)
+        segment_s = r.remaining_tokens[y] * step
+        lose = r.slope[y] * (max(back + segment_s + NOW - r.deadline_s[y], 0.0)
+                             - max(finish[y] + segment_s + NOW - r.deadline_s[y], 0.0))
+        if gain > lose:
+            out[r.keys[y]] = dec.YIELD_SPEED
+            left = np.maximum(left - saved, 0.0)
+            finish = finish - saved
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_gen, min_size=1, max_size=40), st.sampled_from([256, 2048, 8192]))
+def test_speed_yields_equal_one_resume_at_a_time(gens, budget):
+    run = running(*[(f"g{i}", *g) for i, g in enumerate(gens)])
+    s = snapshot(run, queue(), IncomingResponses.empty(), 0, None, budget)
+    assert decide(s).yields == _speed_yields_one_at_a_time(s)
+
+
+def test_speed_yields_of_many_resumes_equal_one_at_a_time():
+    """Batches where several resumes yield (the rule is exercised, not only its exits)."""
+    yielded = 0
+    for seed in range(150):
+        rng = np.random.default_rng(seed)
+        # Responses with many steps to go and tight deadlines; resumes with a few steps left,
+        # whose leaving after their boundary speeds up the responses' remaining steps.
+        gens = [(f"g{i}", int(rng.integers(15, 40)), int(rng.integers(100, 6000)),
+                 float(rng.uniform(0.3, 0.8)), 0, URGENT)
+                for i in range(int(rng.integers(1, 20)))]
+        gens += [(f"r{i}", int(rng.integers(1, 10)), int(rng.integers(100, 6000)),
+                  float(rng.uniform(-0.2, 1.5)), int(rng.integers(1, 3)),
+                  dict(u0=1.0, k=float(rng.choice([0.0, 0.0, 0.5]))))
+                 for i in range(int(rng.integers(5, 60)))]
+        s = snapshot(running(*gens), queue(), IncomingResponses.empty(), 0, None, 2048)
+        got = decide(s).yields
+        assert got == _speed_yields_one_at_a_time(s), seed
+        yielded += len(got)
+    assert yielded >= 5  # 8 with these seeds

@@ -55,11 +55,18 @@ def yields(snap: DecisionSnapshot, batch: PredictedBatch,
                               - batch.lateness(finish[ys] + segment_s, r.deadline_s[ys]))
         slope_late = batch.slope[late]
         left = lateness[late]
-        for row, y in enumerate(ys.tolist()):
-            if not left.any():
-                break  # nobody is late any more: a yield saves nothing
-            # Only members the yield brings back on time count, as in the admission: a member
-            # still late after it is late either way, the resume's work only moved.
+        # Only members the yield brings back on time count, as in the admission: a member
+        # still late after it is late either way, the resume's work only moved. A resume that
+        # rescues nobody gains nothing and loses something or nothing: it stays, and only the
+        # others are priced (found together; they change only when one yields).
+        rescues = ((left > 0) & (left <= saved)).any(axis=1)
+        row = 0
+        while row < len(ys):
+            ahead = np.flatnonzero(rescues[row:])
+            if not len(ahead):
+                break  # nobody left late that a yield brings back on time
+            row += int(ahead[0])
+            y = int(ys[row])
             rescued = (left > 0) & (left <= saved[row])
             gain = float(slope_late[rescued] @ left[rescued])
             if gain > lose[row]:
@@ -68,6 +75,8 @@ def yields(snap: DecisionSnapshot, batch: PredictedBatch,
                 after = np.maximum(batch.steps - batch.steps[y], 0.0) * per_step[row]
                 after[y] = 0.0
                 finish = finish - after
+                rescues = ((left > 0) & (left <= saved)).any(axis=1)
+            row += 1
     if len(batch.incoming):
         _incoming_yields(snap, batch, finish, step, out)
     _room_yields(snap, batch, held_for_room, finish, step, out)
@@ -88,14 +97,7 @@ def _incoming_yields(snap: DecisionSnapshot, batch: PredictedBatch, finish: np.n
     resumes that stay priced on the step as it is, which holds up to the first that yields.
     Both are the one-resume-at-a-time rule (test)."""
     r, inc = snap.running, batch.incoming
-    pool = np.array([y for y in np.flatnonzero(r.segment_index > 0).tolist()
-                     if r.keys[y] not in out], dtype=np.int64)
-    if not len(pool):
-        return
-    slack = r.deadline_s[pool] - batch.now - finish[pool]
-    ys = pool[np.lexsort((pool, -slack))]
     coef, c = batch.coef, batch.incoming
-    weight = inc.rate_per_s * inc.slope
     prefill = coef.prefill_fixed_s + coef.prefill_per_token_s * c.prefill_tokens
     # The step an arrival of each class would run in, with the whole batch.
     class_step = batch.step_s(batch.size + 1.0, batch.context + c.context_tokens)
@@ -106,6 +108,13 @@ def _incoming_yields(snap: DecisionSnapshot, batch: PredictedBatch, finish: np.n
 
     if not late(class_step[:, None]).any():
         return  # every arriving response is on time with the whole batch: nobody to protect
+    pool = np.array([y for y in np.flatnonzero(r.segment_index > 0).tolist()
+                     if r.keys[y] not in out], dtype=np.int64)
+    if not len(pool):
+        return
+    slack = r.deadline_s[pool] - batch.now - finish[pool]
+    ys = pool[np.lexsort((pool, -slack))]
+    weight = inc.rate_per_s * inc.slope
     shorter = coef.decode_per_seq_s + coef.decode_per_ctx_token_s * r.context_tokens[ys]
     segment_s = r.remaining_tokens[ys] * step
     # Its next segment: right after this one, or after waiting as long as it would run.
@@ -148,6 +157,8 @@ def _room_yields(snap: DecisionSnapshot, batch: PredictedBatch, held_for_room: l
     """Queued first segments held for blocks or slots, in walk order until one is not worth it:
     the resumes with the most slack yield enough room for one when its utility then exceeds
     their losses."""
+    if not held_for_room:
+        return
     r, cand = snap.running, snap.candidates
     pool = [int(y) for y in np.flatnonzero(r.segment_index > 0) if r.keys[y] not in out]
     if not pool:
