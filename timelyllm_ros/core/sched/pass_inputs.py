@@ -113,15 +113,22 @@ class PassInputs:
 
     def preserved_blocks(self, task: TaskRecord, context: int) -> int:
         """Blocks a preserved pause of `task` still holds in the engine (its full blocks)."""
-        paused = self.state.paused.get(task.task_id)
-        if paused is not None and paused[1] == PRESERVE:
-            if self.state.engine.paused_handling(paused[0]) == PRESERVE:
-                return max(0, context - 1) // self.state.context.kv_block_size
-        return 0
+        if not self._still_preserved(task.task_id):
+            return 0
+        return max(0, context - 1) // self.state.context.kv_block_size
 
     def preserved_blocks_of(self, task_id: str) -> int:
-        task = self.state.tasks[task_id]
-        return self.preserved_blocks(task, context_of(task))
+        """`preserved_blocks` of the task `task_id`, its context counted only when its pause
+        is still preserved (a pass asks this of every paused generation)."""
+        if not self._still_preserved(task_id):
+            return 0
+        context = context_of(self.state.tasks[task_id])
+        return max(0, context - 1) // self.state.context.kv_block_size
+
+    def _still_preserved(self, task_id: str) -> bool:
+        paused = self.state.paused.get(task_id)
+        return (paused is not None and paused[1] == PRESERVE
+                and self.state.engine.paused_handling(paused[0]) == PRESERVE)
 
 
 def next_run_id(task: TaskRecord) -> str:

@@ -75,10 +75,10 @@ class PreservedBlocks(Mapping[str, int]):
                                "the engine's paused generations")
         out = []
         for key in self._paused:
-            position = self._position_of(key)
-            if position is not None:
-                value = self._value(key)
-                if value:
+            value = self._value(key)  # (most pauses hold none: asked first)
+            if value:
+                position = self._position_of(key)
+                if position is not None:
                     out.append((position, value))
         out.sort()
         return out
