@@ -23,10 +23,13 @@ import time
 import numpy as np
 
 from timelyllm_ros.core.engine.cost_model import EngineProfile
+from timelyllm_ros.core.policies.predictive import PredictiveTimelyPolicy
 from timelyllm_ros.core.sched.decision import (CandidateQueue, DecisionSnapshot,
                                                IncomingResponses, RunningSet, StepCoefficients,
                                                decide)
 
+# How the default policy weighs a resume's lateness (its adapter multiplies the TUF slope).
+DEFAULT_RESUME_WEIGHT = PredictiveTimelyPolicy.resume_weight
 RUNNING = (8, 64, 256)
 QUEUED = (10, 100, 1000, 5000)
 
@@ -41,7 +44,10 @@ INCOMING = IncomingResponses.build(
 
 def snapshot(profile: EngineProfile, running: int, queued: int, seed: int = 0,
              free_slots: int | None = None,
-             incoming: IncomingResponses = INCOMING) -> DecisionSnapshot:
+             incoming: IncomingResponses = INCOMING,
+             resume_weight: float = DEFAULT_RESUME_WEIGHT) -> DecisionSnapshot:
+    """A synthetic overloaded snapshot; resumes are priced at their TUF slope times
+    `resume_weight`, as `timelyllm-pred`'s adapter prices them (its default: 0)."""
     rng = np.random.default_rng(seed)
     now = 1000.0
     seg = np.where(rng.random(running) < 0.5, 0, rng.integers(1, 6, running))
@@ -49,13 +55,15 @@ def snapshot(profile: EngineProfile, running: int, queued: int, seed: int = 0,
     run = RunningSet.build(
         [f"r{i}" for i in range(running)], rng.integers(1, 30, running),
         rng.integers(300, 4000, running), now + rng.uniform(-0.2, 2.0, running),
-        np.ones(running), np.where(urgent, 10.0, 1.0), seg, urgent)
+        np.ones(running), np.where(urgent, 10.0, 1.0) * np.where(seg > 0, resume_weight, 1.0),
+        seg, urgent)
     q_urgent = rng.random(queued) < 0.3
+    q_seg = np.where(rng.random(queued) < 0.5, 0, 2)
     cand = CandidateQueue.build(
         [f"c{i}" for i in range(queued)], rng.integers(10, 3000, queued),
         np.full(queued, 10), np.full(queued, 10), rng.integers(300, 4000, queued),
         rng.integers(20, 260, queued), now + rng.uniform(-0.1, 5.0, queued), np.ones(queued),
-        np.where(q_urgent, 10.0, 1.0), np.where(rng.random(queued) < 0.5, 0, 2))
+        np.where(q_urgent, 10.0, 1.0) * np.where(q_seg > 0, resume_weight, 1.0), q_seg)
     blocks = profile.kv_total_blocks // 4
     return DecisionSnapshot(now, run, cand, blocks, free_slots, profile.max_num_batched_tokens,
                             StepCoefficients.from_profile(profile), profile.kv_block_size,
@@ -80,11 +88,14 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=21)
     p.add_argument("--no-incoming", action="store_true",
                    help="snapshots without arriving responses")
+    p.add_argument("--resume-weight", type=float, default=DEFAULT_RESUME_WEIGHT,
+                   help="resumes priced at their TUF slope times this, as timelyllm-pred's "
+                        f"knob (default: the policy's, {DEFAULT_RESUME_WEIGHT:g})")
     args = p.parse_args(argv)
     profile = EngineProfile.from_yaml(args.profile) if args.profile else EngineProfile()
     incoming = IncomingResponses.empty() if args.no_incoming else INCOMING
     print(f"profile {profile.name}; decide() median of {args.repeats} calls; "
-          f"{len(incoming)} incoming classes")
+          f"{len(incoming)} incoming classes; resume weight {args.resume_weight:g}")
     print(f"{'running':>7} {'queued':>7} {'admitted':>8} {'yields':>6} {'decide ms':>9} "
           f"{'cpu ms':>7} {'step ms':>8} {'ratio':>6}")
     for running in RUNNING:
@@ -92,7 +103,7 @@ def main(argv=None) -> None:
         step = profile.decode_step_s(running, mean_ctx)
         for queued in QUEUED:
             snap = snapshot(profile, running, queued, free_slots=max(0, 256 - running),
-                            incoming=incoming)
+                            incoming=incoming, resume_weight=args.resume_weight)
             d = decide(snap)
             t, cpu = time_decision(snap, args.repeats)
             print(f"{running:>7} {queued:>7} {len(d.admit):>8} {len(d.yields):>6} "
