@@ -59,8 +59,10 @@ the guessed admissions before it. Every candidate up to the first the pass decid
 than guessed was priced on the batch the walk would have, so that stretch, that candidate
 included, is exact; the next pass starts after it. One pass settles a run of holds, a run of
 admissions, or (the guesses mostly right) an overloaded queue's mix of both. A pass's work is
-O(block * (generations at risk + guessed admissions)). `bench/decision_cost.py` measures a
-pick. The prediction and its arithmetic: core/sched/decision_batch.py; the yields:
+O(block * (generations at risk + guessed admissions)). Before the walk, the resumes it can
+show it never admits (slope 0, when even the smallest of them costs the arrivals something:
+`_never_worth`) are set aside unpriced and given the holds the walk would give them; in
+overload they are most of the queue. `bench/decision_cost.py` measures a pick. The prediction and its arithmetic: core/sched/decision_batch.py; the yields:
 core/sched/decision_yields.py.
 """
 
@@ -84,7 +86,6 @@ __all__ = ["BatchDecision", "CandidateQueue", "DecisionSnapshot", "HOLD_COST", "
 # O(block * (generations at risk + guessed admissions)). A throughput setting, not a policy one: the decision is the
 # same for any block size (test).
 CANDIDATE_BLOCK = 128
-_GROWTH = 2
 
 HOLD_KV = "kv blocks: it needs more than are free"
 HOLD_SLOTS = "no free slot"
@@ -212,7 +213,7 @@ def _walk(cand: CandidateQueue, free_kv_blocks: int, free_slots: int | None,
         guess[sl] = admit_now
         # A whole block as guessed (long runs under light load, or of holds): larger blocks,
         # fewer passes, the same decisions.
-        block = _GROWTH * block if settled == len(admit_now) else CANDIDATE_BLOCK
+        block = 2 * block if settled == len(admit_now) else CANDIDATE_BLOCK
         start += settled
     # What the walk did not reach because nothing further fits is held for that reason too.
     outcome[start:] = _HELD_SLOTS if free_slots is not None and free_slots <= 0 else _HELD_KV
