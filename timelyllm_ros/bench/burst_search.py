@@ -51,6 +51,7 @@ from timelyllm_ros.bench.replay import _replay_skill_sets
 from timelyllm_ros.core.engine.base import EngineRequest
 from timelyllm_ros.core.engine.cost_model import EngineProfile
 from timelyllm_ros.core.engine.sim.engine import SimulatedEngine
+from timelyllm_ros.core.engine.sim.pauses import common_prefix
 from timelyllm_ros.core.tuf import TUF, load_tuf_levels
 from timelyllm_ros.lrtrace.traces import load_traces
 from timelyllm_ros.lrtrace.workload import Event, Workload
@@ -120,15 +121,6 @@ def event_tasks(burst: Sequence[Event], events: Sequence[Event], workload: Workl
     return BurstEvent(profile, latency, tuple(tasks), tuple(warm))
 
 
-def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 class _Model:
     """What `simulate` and `search` precompute about an event."""
 
@@ -148,10 +140,10 @@ class _Model:
         # Whole blocks a prompt may find cached: from the warm prompts, and from another task's
         # tokens (prompt, then script) once that task has computed them.
         cap = [(n - 1) // self.bs for n in self.length]
-        self.warm_hits = [min(cap[i], max((_lcp(t.prompt, w) // self.bs
+        self.warm_hits = [min(cap[i], max((common_prefix(t.prompt, w) // self.bs
                                            for w, _ in event.warm), default=0))
                           for i, t in enumerate(tasks)]
-        self.shared = [[_lcp(a.prompt, b.prompt + b.script) if i != j else 0
+        self.shared = [[common_prefix(a.prompt, b.prompt + b.script) if i != j else 0
                         for j, b in enumerate(tasks)] for i, a in enumerate(tasks)]
         self.cap = cap
         self.utility = [t.tuf.utility for t in tasks]

@@ -185,11 +185,19 @@ class PredictiveAdmission(CandidateAdmission):
         free_slots = None
         if self.max_num_seqs is not None:
             free_slots = max(0, self.max_num_seqs - len(running))
-        coef = self.model.coefficient_array()
+        return self._snapshot(now, running, candidates, free_kv_blocks, free_slots,
+                              self.coefficients(), self.incoming(now))
+
+    def coefficients(self) -> StepCoefficients:
+        """The step model's coefficients as now learnt."""
+        return StepCoefficients(*map(float, self.model.coefficient_array()))
+
+    def _snapshot(self, now: float, running: Sequence[RunningGen], candidates: CandidateQueue,
+                  free_kv_blocks: int, free_slots: int | None, coef: StepCoefficients,
+                  incoming: IncomingResponses) -> DecisionSnapshot:
         return DecisionSnapshot(now, self.running_set(running), candidates, int(free_kv_blocks),
-                                free_slots, self.step_token_budget,
-                                StepCoefficients(*map(float, coef)), self.kv_block_size,
-                                self.incoming(now))
+                                free_slots, self.step_token_budget, coef, self.kv_block_size,
+                                incoming)
 
     def incoming(self, now: float, share: float = 1.0) -> IncomingResponses:
         """The measured arrival classes, each priced at its bound's measured first segment;
@@ -225,15 +233,14 @@ class PredictiveAdmission(CandidateAdmission):
         for g in running:
             if g.replica is not None and 0 <= g.replica < n:
                 on[g.replica].append(g)
-        coef = StepCoefficients(*map(float, self.model.coefficient_array()))
+        coef = self.coefficients()
         incoming = self.incoming(now, 1.0 / n)
         admitted, hold, yields = [], {}, {}
         self.replica_snapshots = {}
         for r, room in enumerate(rooms):
             mine = np.flatnonzero(where == r)
-            snap = DecisionSnapshot(now, self.running_set(on[r]), candidates.take(mine),
-                                    int(room.free_blocks), room.free_slots,
-                                    self.step_token_budget, coef, self.kv_block_size, incoming)
+            snap = self._snapshot(now, on[r], candidates.take(mine), room.free_blocks,
+                                  room.free_slots, coef, incoming)
             decision = decide(snap)
             self.replica_snapshots[r] = snap
             admitted.extend(mine[list(decision.admit_positions)].tolist())

@@ -108,12 +108,9 @@ def _incoming_yields(snap: DecisionSnapshot, batch: PredictedBatch, finish: np.n
 
     if not late(class_step[:, None]).any():
         return  # every arriving response is on time with the whole batch: nobody to protect
-    pool = np.array([y for y in np.flatnonzero(r.segment_index > 0).tolist()
-                     if r.keys[y] not in out], dtype=np.int64)
-    if not len(pool):
+    ys = _resumes_by_slack(snap, batch, finish, out)
+    if not len(ys):
         return
-    slack = r.deadline_s[pool] - batch.now - finish[pool]
-    ys = pool[np.lexsort((pool, -slack))]
     weight = inc.rate_per_s * inc.slope
     shorter = coef.decode_per_seq_s + coef.decode_per_ctx_token_s * r.context_tokens[ys]
     segment_s = r.remaining_tokens[ys] * step
@@ -160,10 +157,9 @@ def _room_yields(snap: DecisionSnapshot, batch: PredictedBatch, held_for_room: l
     if not held_for_room:
         return
     r, cand = snap.running, snap.candidates
-    pool = [int(y) for y in np.flatnonzero(r.segment_index > 0) if r.keys[y] not in out]
+    pool = _resumes_by_slack(snap, batch, finish, out).tolist()
     if not pool:
         return
-    pool.sort(key=lambda y: (-(r.deadline_s[y] - batch.now - finish[y]), y))
     free_blocks, free_slots = batch.free_blocks, batch.free_slots
     for j in held_for_room:
         if not pool:
@@ -201,3 +197,14 @@ def _room_yields(snap: DecisionSnapshot, batch: PredictedBatch, held_for_room: l
         free_blocks += got_blocks - int(cand.blocks_needed[j])
         if free_slots is not None:
             free_slots += len(chosen) - 1
+
+
+def _resumes_by_slack(snap: DecisionSnapshot, batch: PredictedBatch, finish: np.ndarray,
+                      out: dict[str, str]) -> np.ndarray:
+    """The running resumes not yet asked to yield, most slack first (ties in batch order):
+    those that lose least by waiting."""
+    r = snap.running
+    pool = np.array([y for y in np.flatnonzero(r.segment_index > 0).tolist()
+                     if r.keys[y] not in out], dtype=np.int64)
+    slack = r.deadline_s[pool] - batch.now - finish[pool]
+    return pool[np.lexsort((pool, -slack))]

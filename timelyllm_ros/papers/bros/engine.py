@@ -71,7 +71,7 @@ import math
 from timelyllm_ros.core.engine.base import PRESERVE, EngineOutput, EngineRequest, KvUsage
 from timelyllm_ros.core.engine.sim.blocks import _ROOT_HASH
 from timelyllm_ros.core.engine.sim.engine import SimulatedEngine
-from timelyllm_ros.core.engine.sim.pauses import _common_prefix
+from timelyllm_ros.core.engine.sim.pauses import common_prefix
 from timelyllm_ros.core.engine.sim.requests import _Sequence
 from timelyllm_ros.papers.bros.bidirectional_kv import BidirectionalKV
 from timelyllm_ros.papers.bros.requests import BE, RT
@@ -373,7 +373,7 @@ class BidirectionalKvEngine(SimulatedEngine):
         del self._paused[request_id]
         old = paused.seq
         self.pause_stats["preserved_block_s"] += len(old.blocks) * (self._clock - paused.since)
-        common = _common_prefix(old.tokens, seq.tokens)
+        common = common_prefix(old.tokens, seq.tokens)
         if min(common, len(seq.tokens) - 1) >= old.num_computed:
             # All it computed is still the new request's prefix: it keeps blocks and slots.
             new_id = request.request_id

@@ -40,7 +40,7 @@ from timelyllm_ros.core.engine.sim.blocks import _BlockPool
 from timelyllm_ros.core.engine.sim.requests import _Sequence
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     """Length of the longest common prefix of two token lists."""
     n = min(len(a), len(b))
     if a[:n] == b[:n]:  # the usual case, compared at C speed
@@ -121,7 +121,7 @@ class PauseHandling:
             self._waiting.append(seq)
             return
         old = paused.seq
-        common = _common_prefix(old.tokens, seq.tokens)
+        common = common_prefix(old.tokens, seq.tokens)
         if paused.handling == PRESERVE and old.blocks:
             self.pause_stats["preserved_block_s"] += len(old.blocks) * (self._clock - paused.since)
             bs = self._block_size
