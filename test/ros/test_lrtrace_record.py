@@ -450,7 +450,7 @@ def test_rclpy_round_trip_of_every_message_type():
     from builtin_interfaces.msg import Time
     from rclpy.serialization import deserialize_message, serialize_message
 
-    from timelyllm_ros.lrtrace import bag as bagmod
+    from timelyllm_ros.lrtrace import message_types as msgtypes
     from timelyllm_ros.msg import (ExecutionReport, PlannerMetrics, SkillSegment, TaskGoal,
                                    TaskStatus)
 
@@ -468,10 +468,10 @@ def test_rclpy_round_trip_of_every_message_type():
                        fetch_overhead_ms=2.03),
     ]
     for msg in msgs:
-        msgtype = bagmod.msgtype_of(msg)
-        raw = bagmod.serialize(msg)
+        msgtype = msgtypes.msgtype_of(msg)
+        raw = msgtypes.serialize(msg)
         back = deserialize_message(raw, type(msg))  # what ros2 bag play would publish
-        again = bagmod.to_rclpy(bagmod.deserialize(raw, msgtype))
+        again = msgtypes.to_rclpy(msgtypes.deserialize(raw, msgtype))
         for other in (back, again):
             for name in msg.get_fields_and_field_types():
                 want, got = getattr(msg, name), getattr(other, name)
@@ -480,6 +480,6 @@ def test_rclpy_round_trip_of_every_message_type():
                 else:
                     assert got == want, (msgtype, name, got, want)
         # and bytes from rclpy decode with the typestore
-        decoded = bagmod.to_dict(bagmod.deserialize(bytes(serialize_message(msg)), msgtype))
+        decoded = msgtypes.to_dict(msgtypes.deserialize(bytes(serialize_message(msg)), msgtype))
         key = "task_id" if "task_id" in decoded else "policy"
         assert decoded[key] == getattr(msg, key)

@@ -229,6 +229,7 @@ def first_replay(tmp_path_factory):
 def test_replay_over_ros_finishes_prints_table_writes_json_and_bag(first_replay):
     from timelyllm_ros.bench.metrics import METRIC_KEYS
     from timelyllm_ros.lrtrace import bag as bagmod
+    from timelyllm_ros.lrtrace import message_types as msgtypes
     from timelyllm_ros.lrtrace.traces import load_traces
 
     root, res = first_replay
@@ -257,16 +258,16 @@ def test_replay_over_ros_finishes_prints_table_writes_json_and_bag(first_replay)
     # The bag holds the goals as published, and every task's final status.
     traces = load_traces()
     contents = bagmod.read_messages(root / "run1.mcap")
-    goals = {m.msg.task_id: m.msg for m in contents.messages if m.msgtype == bagmod.GOAL_TYPE}
+    goals = {m.msg.task_id: m.msg for m in contents.messages if m.msgtype == msgtypes.GOAL_TYPE}
     assert set(goals) == set(EXPECTED)
     for task_id, (trace_id, robot) in EXPECTED.items():
         goal, trace = goals[task_id], traces[trace_id]
         assert (goal.robot_id, goal.instruction, goal.skill_set, goal.urgency) == \
             (robot, trace.instruction, trace.skill_set, trace.tuf_level)
-        assert bagmod.stamp_s(goal.stamp) > 0
+        assert msgtypes.stamp_s(goal.stamp) > 0
     final = {}
     for m in contents.messages:
-        if m.msgtype == bagmod.STATUS_TYPE:
+        if m.msgtype == msgtypes.STATUS_TYPE:
             final[m.msg.task_id] = m.msg.state
     assert final == {t: "done" for t in EXPECTED}
     assert contents.topics["/arm_a/skill_segments"][1] >= 2

@@ -21,6 +21,7 @@ from timelyllm_ros.bench.results import (RunResult, SegmentResult, TaskResult, t
 from timelyllm_ros.experiments.replay_nodes import REPORT_TIMEOUT_MIN_S
 from timelyllm_ros.experiments.replay_plan import ReplayError, ReplayOptions, ReplayPlan
 from timelyllm_ros.lrtrace import bag as bagmod
+from timelyllm_ros.lrtrace import message_types as msgtypes
 from timelyllm_ros.robots.replay import FALLBACK_PREFIX, REPLAYED_PREFIX
 
 TERMINAL = ("done", "failed", "rejected", "cancelled")
@@ -68,8 +69,8 @@ def robot_blocked_s(segments: dict[str, dict[int, dict]], reports: dict[str, dic
     busy: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
     for task_id, reps in reports.items():
         for rep in reps.values():
-            busy[robot_of(task_id)].append((bagmod.stamp_s(rep["started"]),
-                                            bagmod.stamp_s(rep["finished"]), task_id))
+            busy[robot_of(task_id)].append((msgtypes.stamp_s(rep["started"]),
+                                            msgtypes.stamp_s(rep["finished"]), task_id))
     out: dict[str, float] = {}
     for task_id, reps in reports.items():
         blocked = 0.0
@@ -77,9 +78,9 @@ def robot_blocked_s(segments: dict[str, dict[int, dict]], reports: dict[str, dic
         others = [(a, b) for a, b, t in busy[robot_of(task_id)] if t != task_id]
         for seq in sorted(reps):
             rep = reps[seq]
-            started, finished = bagmod.stamp_s(rep["started"]), bagmod.stamp_s(rep["finished"])
+            started, finished = msgtypes.stamp_s(rep["started"]), msgtypes.stamp_s(rep["finished"])
             seg = segments.get(task_id, {}).get(seq)
-            published = bagmod.stamp_s(seg["stamp"]) if seg is not None else started
+            published = msgtypes.stamp_s(seg["stamp"]) if seg is not None else started
             ready = max(published, prev_finish)
             if started > ready:
                 blocked += sum(max(0.0, min(b, started) - max(a, ready)) for a, b in others)
@@ -91,21 +92,21 @@ def robot_blocked_s(segments: dict[str, dict[int, dict]], reports: dict[str, dic
 def _read(contents: bagmod.BagContents, ours: set[str]) -> _Recorded:
     rec = _Recorded()
     for m in contents.messages:
-        d = bagmod.to_dict(m.msg)
+        d = msgtypes.to_dict(m.msg)
         log_s = m.timestamp_ns * 1e-9
-        if m.msgtype == bagmod.STATUS_TYPE:
+        if m.msgtype == msgtypes.STATUS_TYPE:
             if d["task_id"] in ours:
                 rec.statuses[d["task_id"]] = d  # bag order = arrival order: the last one wins
-            rec.latency["status"].append(log_s - bagmod.stamp_s(d["stamp"]))
-        elif m.msgtype == bagmod.GOAL_TYPE:
+            rec.latency["status"].append(log_s - msgtypes.stamp_s(d["stamp"]))
+        elif m.msgtype == msgtypes.GOAL_TYPE:
             rec.goals.setdefault(d["task_id"], d)
-            rec.latency["goal"].append(log_s - bagmod.stamp_s(d["stamp"]))
-        elif m.msgtype == bagmod.SEGMENT_TYPE:
+            rec.latency["goal"].append(log_s - msgtypes.stamp_s(d["stamp"]))
+        elif m.msgtype == msgtypes.SEGMENT_TYPE:
             rec.segments[d["task_id"]].setdefault(int(d["sequence"]), d)
-            rec.latency["segment"].append(log_s - bagmod.stamp_s(d["stamp"]))
-        elif m.msgtype == bagmod.REPORT_TYPE:
+            rec.latency["segment"].append(log_s - msgtypes.stamp_s(d["stamp"]))
+        elif m.msgtype == msgtypes.REPORT_TYPE:
             rec.reports[d["task_id"]].setdefault(int(d["sequence"]), d)
-            rec.latency["report"].append(log_s - bagmod.stamp_s(d["finished"]))
+            rec.latency["report"].append(log_s - msgtypes.stamp_s(d["finished"]))
     return rec
 
 
@@ -134,18 +135,18 @@ def _task_results(plan: ReplayPlan, rec: _Recorded, t0_wall: float) -> list[Task
         state = st["state"] if st else "no status"
         done = state == "done"
         reps = rec.reports.get(t.task_id, {})
-        execution = sum(bagmod.stamp_s(r["finished"]) - bagmod.stamp_s(r["started"])
+        execution = sum(msgtypes.stamp_s(r["finished"]) - msgtypes.stamp_s(r["started"])
                         for r in reps.values()) if reps else math.nan
-        completion = (max(bagmod.stamp_s(r["finished"]) for r in reps.values()) - t0_wall) \
+        completion = (max(msgtypes.stamp_s(r["finished"]) for r in reps.values()) - t0_wall) \
             if (reps and done) else math.nan
         sched_wait = float(st["waiting_time_s"]) if (st and done) else math.nan
         segs = []
         for seq, seg in sorted(rec.segments.get(t.task_id, {}).items()):
             rep = reps.get(seq)
             segs.append(SegmentResult(
-                seq, seg["text"], bool(seg["is_last"]), bagmod.stamp_s(seg["stamp"]) - t0_wall,
-                bagmod.stamp_s(rep["started"]) - t0_wall if rep else math.nan,
-                bagmod.stamp_s(rep["finished"]) - t0_wall if rep else math.nan))
+                seq, seg["text"], bool(seg["is_last"]), msgtypes.stamp_s(seg["stamp"]) - t0_wall,
+                msgtypes.stamp_s(rep["started"]) - t0_wall if rep else math.nan,
+                msgtypes.stamp_s(rep["finished"]) - t0_wall if rep else math.nan))
         b = blocked.get(t.task_id, 0.0)
         tasks.append(TaskResult(
             task_id=t.task_id, trace_id=t.trace.trace_id, category=t.trace.category,
@@ -182,7 +183,7 @@ def replay_report(options: ReplayOptions, plan: ReplayPlan, bag_path: Path, t0_w
         engine = "vllm" if any(m.engine and not m.engine.startswith("sim") for m in metrics) \
             else "sim"
     overhead = [m.fetch_overhead_ms * 1e-3 for m in metrics if m.fetch_overhead_ms > 0]
-    ends = [bagmod.stamp_s(s["stamp"]) - t0_wall for s in rec.statuses.values()
+    ends = [msgtypes.stamp_s(s["stamp"]) - t0_wall for s in rec.statuses.values()
             if s.get("state") in TERMINAL and "stamp" in s]
     config = BenchConfig(engine=engine, profile=options.profile if not options.attach else None,
                          model=options.model, seed=plan.seed, prompt_tokens=None,

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from timelyllm_ros.lrtrace import bag as bagmod
+from timelyllm_ros.lrtrace import message_types as msgtypes
 
 COLUMNS = ("skill", "arguments", "robot", "task_id", "sequence", "start", "finish", "duration",
            "success", "calls_in_segment", "estimated_s", "message")
@@ -106,14 +107,14 @@ def build_rows(messages: Iterable[tuple[str, Any]]) -> TableBuild:
     reports: dict[tuple[str, int], Mapping] = {}
     build = TableBuild(rows=[])
     for msgtype, msg in messages:
-        d = msg if isinstance(msg, Mapping) else bagmod.to_dict(msg)
-        if msgtype == bagmod.SEGMENT_TYPE:
+        d = msg if isinstance(msg, Mapping) else msgtypes.to_dict(msg)
+        if msgtype == msgtypes.SEGMENT_TYPE:
             key = (d["task_id"], int(d["sequence"]))
             if key in segments:
                 build.duplicates += 1
                 continue
             segments[key] = d
-        elif msgtype == bagmod.REPORT_TYPE:
+        elif msgtype == msgtypes.REPORT_TYPE:
             key = (d["task_id"], int(d["sequence"]))
             if key in reports:
                 build.duplicates += 1
@@ -130,8 +131,8 @@ def build_rows(messages: Iterable[tuple[str, Any]]) -> TableBuild:
         if rep is None:
             build.unreported.append(key)
             continue
-        start = bagmod.stamp_s(rep["started"])
-        finish = bagmod.stamp_s(rep["finished"])
+        start = msgtypes.stamp_s(rep["started"])
+        finish = msgtypes.stamp_s(rep["finished"])
         if not (math.isfinite(start) and math.isfinite(finish)) or finish < start:
             build.bad_reports.append(f"{key[0]}#{key[1]}: finished before started")
             continue
@@ -150,7 +151,7 @@ def build_rows(messages: Iterable[tuple[str, Any]]) -> TableBuild:
 def table_from_bag(path: str | os.PathLike, *, salvage: bool = False) -> tuple[TableBuild, bagmod.BagContents]:
     contents = bagmod.read_messages(path, salvage=salvage)
     relevant = ((m.msgtype, m.msg) for m in contents.messages
-                if m.msgtype in (bagmod.SEGMENT_TYPE, bagmod.REPORT_TYPE))
+                if m.msgtype in (msgtypes.SEGMENT_TYPE, msgtypes.REPORT_TYPE))
     return build_rows(relevant), contents
 
 

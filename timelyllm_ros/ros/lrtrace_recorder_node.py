@@ -33,6 +33,7 @@ from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.node import Node
 
 from timelyllm_ros.lrtrace import bag as bagmod
+from timelyllm_ros.lrtrace import message_types as msgtypes
 from timelyllm_ros.msg import ExecutionReport, SkillSegment, TaskGoal, TaskStatus
 from timelyllm_ros.ros import topics
 
@@ -42,8 +43,8 @@ PROGRESS_PERIOD_S = 0.5
 PARAMETER_NAMES = ("output", "robots", "duration_s", "discovery_period_s", "write_table")
 _ROBOT_TOPIC = re.compile(rf"^/(?P<robot>.+)/(?P<name>{topics.SKILL_SEGMENTS}|{topics.EXECUTION_REPORTS})$")
 _PER_ROBOT = {
-    topics.SKILL_SEGMENTS: (SkillSegment, bagmod.SEGMENT_TYPE),
-    topics.EXECUTION_REPORTS: (ExecutionReport, bagmod.REPORT_TYPE),
+    topics.SKILL_SEGMENTS: (SkillSegment, msgtypes.SEGMENT_TYPE),
+    topics.EXECUTION_REPORTS: (ExecutionReport, msgtypes.REPORT_TYPE),
 }
 
 
@@ -87,8 +88,8 @@ class LrtraceRecorderNode(Node):
         self._robots: list[str] = []
         self._lock = threading.Lock()
         self._last_reported = -1
-        self._subscribe(topics.TASK_GOALS, TaskGoal, bagmod.GOAL_TYPE, topics.COMMAND_QOS)
-        self._subscribe(topics.TASK_STATUS, TaskStatus, bagmod.STATUS_TYPE, topics.STATUS_QOS)
+        self._subscribe(topics.TASK_GOALS, TaskGoal, msgtypes.GOAL_TYPE, topics.COMMAND_QOS)
+        self._subscribe(topics.TASK_STATUS, TaskStatus, msgtypes.STATUS_TYPE, topics.STATUS_QOS)
         for robot in robots:
             self.add_robot(robot)
         self.create_timer(period, self.discover)
@@ -104,7 +105,7 @@ class LrtraceRecorderNode(Node):
                 return
             self._subscribed.add(topic)
         # The bag lists a topic from the moment it is recorded, like `ros2 bag record`.
-        self.writer.add_topic(topic, msgtype, bagmod.qos_from_rclpy(qos))
+        self.writer.add_topic(topic, msgtype, msgtypes.qos_from_rclpy(qos))
         self.create_subscription(cls, topic, lambda msg: self._on_message(topic, msgtype, msg), qos)
 
     def add_robot(self, robot: str) -> None:

@@ -17,6 +17,7 @@ import yaml
 from timelyllm_ros.cli import main as top_cli
 from timelyllm_ros.core.exec_model import ExecutionTimeModel
 from timelyllm_ros.lrtrace import bag as bagmod
+from timelyllm_ros.lrtrace import message_types as msgtypes
 from timelyllm_ros.cli import lrtrace as cli
 from timelyllm_ros.lrtrace.workload import load_events
 
@@ -27,9 +28,9 @@ def _t(store, s: float):
 
 
 def write_bag(path, calls_and_durations, *, seed=0):
-    store = bagmod.typestore()
-    Seg, Rep = store.types[bagmod.SEGMENT_TYPE], store.types[bagmod.REPORT_TYPE]
-    Goal = store.types[bagmod.GOAL_TYPE]
+    store = msgtypes.typestore()
+    Seg, Rep = store.types[msgtypes.SEGMENT_TYPE], store.types[msgtypes.REPORT_TYPE]
+    Goal = store.types[msgtypes.GOAL_TYPE]
     t = 100.0
     with bagmod.BagWriter(path) as w:
         w.write("/timelyllm/task_goals", Goal(task_id="g", robot_id="drone_1", skill_set="drone",
@@ -158,9 +159,9 @@ def test_garbage_bytes(tmp_path, capsys):
 
 
 def test_corrupt_message_payload_names_the_message(tmp_path, capsys):
-    store = bagmod.typestore()
+    store = msgtypes.typestore()
     with bagmod.BagWriter(tmp_path / "bad.mcap", store=store) as w:
-        w.write_raw("/drone_1/skill_segments", bagmod.SEGMENT_TYPE, b"\x00\x01\x00\x00\xff\xff\xff\x7f", 5_000_000_000)
+        w.write_raw("/drone_1/skill_segments", msgtypes.SEGMENT_TYPE, b"\x00\x01\x00\x00\xff\xff\xff\x7f", 5_000_000_000)
     assert cli.main(["table", str(tmp_path / "bad")]) == 1
     err = capsys.readouterr().err
     assert "message 0 on /drone_1/skill_segments at t=5.000000" in err

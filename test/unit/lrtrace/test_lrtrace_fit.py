@@ -20,6 +20,7 @@ from timelyllm_ros.core.exec_model import ExecutionTimeModel
 from timelyllm_ros.core.skills.base import SkillCall
 from timelyllm_ros.lrtrace import bag as bagmod
 from timelyllm_ros.lrtrace import fit as fitmod
+from timelyllm_ros.lrtrace import message_types as msgtypes
 from timelyllm_ros.lrtrace.timing_table import TimingRow, build_rows, read_csv, table_from_bag, write_csv
 
 TRUE = {
@@ -38,9 +39,9 @@ def _time(store, seconds: float):
 def synthetic_bag(path, *, seed: int = 7, n_linear: int = 40, n_sweep: int = 30, extra_calls=()):
     """Write a bag of (segment, report) pairs drawn from the synthetic truth; returns its dir."""
     rng = np.random.default_rng(seed)
-    store = bagmod.typestore()
-    Seg = store.types[bagmod.SEGMENT_TYPE]
-    Rep = store.types[bagmod.REPORT_TYPE]
+    store = msgtypes.typestore()
+    Seg = store.types[msgtypes.SEGMENT_TYPE]
+    Rep = store.types[msgtypes.REPORT_TYPE]
     t = 1000.0
     plan: list[tuple[list[str], float]] = []
     for skill, (fixed, per, xs) in TRUE.items():
@@ -240,8 +241,8 @@ def test_table_join_ignores_closing_and_unreported_segments():
            "started": {"sec": 10, "nanosec": 0}, "finished": {"sec": 12, "nanosec": 500_000_000}}
     backwards = {**rep, "sequence": 3, "finished": {"sec": 9, "nanosec": 0}}
     orphan = {**rep, "task_id": "zzz"}
-    build = build_rows([(bagmod.SEGMENT_TYPE, s) for s in (seg, closing, unreported, {**seg, "sequence": 3})]
-                       + [(bagmod.REPORT_TYPE, r) for r in (rep, backwards, orphan, rep)])
+    build = build_rows([(msgtypes.SEGMENT_TYPE, s) for s in (seg, closing, unreported, {**seg, "sequence": 3})]
+                       + [(msgtypes.REPORT_TYPE, r) for r in (rep, backwards, orphan, rep)])
     assert [(r.skill, r.arguments, r.duration) for r in build.rows] == [("move_forward", "50", 2.5)]
     assert build.empty_segments == 1 and build.unreported == [("a", 2)]
     assert build.orphan_reports == [("zzz", 0)] and len(build.bad_reports) == 1
