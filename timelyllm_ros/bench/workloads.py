@@ -12,9 +12,9 @@ from typing import Any
 import yaml
 
 from timelyllm_ros.bench import paper_workloads
+from timelyllm_ros.lrtrace.event_lists import load_events
 from timelyllm_ros.lrtrace.measured import is_measured_file, load_measured
-from timelyllm_ros.lrtrace.workload import (Event, Workload, WorkloadError, compose, load_events,
-                                            load_workload)
+from timelyllm_ros.lrtrace.workload import Event, Workload, WorkloadError, compose, load_workload
 
 
 class WorkloadSourceError(Exception):

@@ -233,9 +233,9 @@ def _run_compose(args: argparse.Namespace) -> int:
         raise _Usage("--seed applies to a workload, not to --notation")
     if args.interval < 0 or args.start < 0:
         raise _Usage("--interval and --start must be >= 0")
+    from timelyllm_ros.lrtrace.event_lists import parse_event_notation, save_events
     from timelyllm_ros.lrtrace.traces import TraceError, load_traces
-    from timelyllm_ros.lrtrace.workload import (WorkloadError, compose, load_workload,
-                                                parse_event_notation, save_events)
+    from timelyllm_ros.lrtrace.workload import WorkloadError, compose, load_workload
 
     try:
         traces = load_traces(args.traces) if args.traces else load_traces()

@@ -1,5 +1,6 @@
 """LRTrace: robot task traces, workload definitions and the events composed from them (paper §6)."""
 
+from timelyllm_ros.lrtrace.event_lists import load_events, parse_event_notation, save_events
 from timelyllm_ros.lrtrace.traces import Trace, TraceError, load_traces, lrtrace_dir
 from timelyllm_ros.lrtrace.workload import (
     Event,
@@ -7,10 +8,7 @@ from timelyllm_ros.lrtrace.workload import (
     Workload,
     WorkloadError,
     compose,
-    load_events,
     load_workload,
-    parse_event_notation,
-    save_events,
 )
 
 __all__ = [

@@ -19,7 +19,7 @@ from timelyllm_ros.core.exec_model import ExecutionTimeModel
 from timelyllm_ros.lrtrace import bag as bagmod
 from timelyllm_ros.lrtrace import message_types as msgtypes
 from timelyllm_ros.cli import lrtrace as cli
-from timelyllm_ros.lrtrace.workload import load_events
+from timelyllm_ros.lrtrace.event_lists import load_events
 
 
 def _t(store, s: float):

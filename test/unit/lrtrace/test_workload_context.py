@@ -15,9 +15,10 @@ from timelyllm_ros.core.engine.sim.engine import SimulatedEngine
 from timelyllm_ros.core.engine.sim.tokenizer import PieceTokenizer
 from timelyllm_ros.core.skills.skillset import load_skillsets
 from timelyllm_ros.core.tuf import TUF, TufLevels, default_config_dir, load_tuf_levels
+from timelyllm_ros.lrtrace.event_lists import load_events, save_events
 from timelyllm_ros.lrtrace.traces import CONTEXT_LABEL, context_text, load_traces
 from timelyllm_ros.lrtrace.workload import (Stream, TaskSpec, Workload, WorkloadError, compose,
-                                            load_events, load_workload, save_events)
+                                            load_workload)
 
 TOK = PieceTokenizer()
 
