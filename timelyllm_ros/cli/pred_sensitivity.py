@@ -36,7 +36,7 @@ from timelyllm_ros.bench.metrics import bucket_metrics, format_cell, json_safe
 from timelyllm_ros.bench.progress import ReplayProgress
 from timelyllm_ros.bench.replay import run_policy
 from timelyllm_ros.bench.workloads import WorkloadSourceError, load_bench_workload
-from timelyllm_ros.cli.bench import _scales  # the bench's own --load-scale parser
+from timelyllm_ros.cli.bench_args import comma_separated_scales  # the bench's --load-scale type
 from timelyllm_ros.core.policies.predictive import PredictiveTimelyPolicy
 from timelyllm_ros.lrtrace.workload import Event, Workload, compose
 
@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "each at its standard values)")
     p.add_argument("--workload", default=None,
                    help="a preset (WID1, mixed-fleet-long, ...) or a workload file")
-    p.add_argument("--load-scale", type=_scales, default=None, metavar="32,64",
+    p.add_argument("--load-scale", type=comma_separated_scales, default=None, metavar="32,64",
                    help="with --workload: one run per multiple of its event rate (default: 1)")
     p.add_argument("--profile", default=None, metavar="YAML",
                    help="with --workload: the engine profile (default: the simulated engine's)")

@@ -18,6 +18,7 @@ from timelyllm_ros.bench.fidelity_stats import (Figures, PolicyFidelity, compare
                                                 pair_tasks, pairs_csv, rankings, ranking)
 from timelyllm_ros.bench.results import RunResult, SegmentResult, TaskResult
 from timelyllm_ros.cli import bench as cli
+from timelyllm_ros.cli.bench_args import build_parser
 from timelyllm_ros.core.engine.cost_model import EngineProfile
 from timelyllm_ros.core.engine.sim.engine import SimulatedEngine
 from timelyllm_ros.core.engine.sim.tokenizer import PieceTokenizer
@@ -307,10 +308,10 @@ def test_write_outputs(tmp_path):
 # ---- CLI --------------------------------------------------------------------------------------
 
 def test_cli_parses_fidelity_flags():
-    args = cli.build_parser().parse_args(["--fidelity", "w.yaml", "--fidelity-runs", "3",
-                                          "--out", "d"])
+    args = build_parser().parse_args(["--fidelity", "w.yaml", "--fidelity-runs", "3",
+                                      "--out", "d"])
     assert (args.fidelity, args.fidelity_runs, args.out) == ("w.yaml", 3, "d")
-    plain = cli.build_parser().parse_args(["--workload", "WID1"])
+    plain = build_parser().parse_args(["--workload", "WID1"])
     assert plain.fidelity is None and plain.fidelity_runs == 2
 
 

@@ -18,6 +18,7 @@ from timelyllm_ros.bench.policies import PolicyListError, parse_policy_list
 from timelyllm_ros.bench.replay import run_policies
 from timelyllm_ros.bench.workloads import shorten
 from timelyllm_ros.cli import bench as cli
+from timelyllm_ros.cli.bench_args import build_parser
 from timelyllm_ros.core.policies.registry import DEFAULT_POLICY
 from timelyllm_ros.lrtrace.workload import compose, load_workload
 
@@ -163,7 +164,7 @@ def test_cli_load_sweep_usage_errors(argv, message, capsys):
 @pytest.mark.parametrize("bad", ["0", "-1", "x", "1,1", ""])
 def test_cli_rejects_bad_load_scales(bad):
     with pytest.raises(SystemExit) as info:
-        cli.build_parser().parse_args(["--workload", "WID1", "--load-scale", bad])
+        build_parser().parse_args(["--workload", "WID1", "--load-scale", bad])
     assert info.value.code == 2
 
 
