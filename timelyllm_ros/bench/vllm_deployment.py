@@ -4,10 +4,21 @@ bundled model, KV sized in bytes) and one `vllm-router` in front of them (docs/r
 Every process is started here and stopped by `Deployment.stop()` (also on exit of the `with`
 block), so nothing outlives the run. Workers start concurrently: on a 2-core machine one start
 takes about a minute.
+
+A `vllm serve` runs its engine in a child process (`VLLM::EngineCore`, a multiprocessing child
+that vLLM shuts down from the server's exit path only: it does not watch for the server's death).
+A SIGKILL to the server alone therefore orphans the engine, with its model and KV cache (GBs).
+So every server gets a process group of its own, every signal goes to the whole group, and a
+stop or kill returns only once no process of the group is left (`group_pids`). A server also
+gets SIGTERM when the thread that started it dies (Linux `PR_SET_PDEATHSIG`), so an owner killed
+without a chance to stop it (a SIGTERM'd or SIGKILL'd `timelyllm router-compare`, a test run
+killed) does not leave its servers and their engines running: `vllm serve` shuts its engine
+core down on SIGTERM. Start servers from a thread that lives as long as they should.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -37,6 +48,55 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_PR_SET_PDEATHSIG = 1
+try:  # resolved here, not in the forked child (preexec_fn runs between fork and exec)
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):  # not Linux
+    _prctl = None
+
+
+def _term_with_parent(parent: int):
+    """A preexec_fn: the child gets SIGTERM when the thread that started it dies."""
+    def preexec() -> None:
+        if _prctl is not None:
+            _prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+            if os.getppid() != parent:   # the parent died before prctl took effect
+                os.kill(os.getpid(), signal.SIGTERM)
+    return preexec
+
+
+def group_pids(pgid: int) -> list[int]:
+    """The live processes (zombies left out) of process group `pgid`, from /proc."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        # pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses.
+        fields = stat[stat.rindex(")") + 2:].split()
+        if fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
+            found.append(int(name))
+    return found
+
+
+def kill_group(pgid: int, timeout_s: float = 30.0) -> None:
+    """SIGKILL to every process of group `pgid`, then wait until none is left."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        if not group_pids(pgid):
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"process group {pgid} still has {group_pids(pgid)} after SIGKILL")
+        time.sleep(0.05)
+
+
 def router_binary() -> str:
     """The `vllm-router` launcher of this Python environment (requirements/project.txt)."""
     beside = Path(sys.executable).with_name("vllm-router")
@@ -64,7 +124,8 @@ class ServerProcess:
             # A session of its own: vllm serve runs its engine core in a child process, and
             # killing the group takes both down (a crash of the server machine, and no orphan).
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
-                                         env=env, start_new_session=True)
+                                         env=env, start_new_session=True,
+                                         preexec_fn=_term_with_parent(os.getpid()))
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -91,12 +152,16 @@ class ServerProcess:
             pass
 
     def kill(self) -> None:
-        """SIGKILL to the server and its children, as a crash would."""
+        """SIGKILL to the server and its children (its engine core), as a crash would; returns
+        once none of them is left."""
         if self.proc is not None:
             self._signal(signal.SIGKILL)
             self.proc.wait(30)
+            kill_group(self.proc.pid)
 
     def stop(self) -> None:
+        """SIGTERM to the group (the server shuts its engine core down), then SIGKILL to
+        whatever of it is left; returns once none of it is left."""
         if self.proc is None:
             return
         if self.alive():
@@ -105,8 +170,9 @@ class ServerProcess:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 pass
-        self._signal(signal.SIGKILL)  # whatever of the group is left
+        self._signal(signal.SIGKILL)
         self.proc.wait(30)
+        kill_group(self.proc.pid)  # the engine core may outlive the server by a moment
 
 
 @dataclass
@@ -186,9 +252,17 @@ class Deployment:
         server.wait_up(time.monotonic() + timeout_s)
 
     def stop(self) -> None:
+        """Stops every process, also when stopping one of them fails (the first error is
+        raised once all were tried)."""
+        error: BaseException | None = None
         for server in [self.router, *self.servers]:
             if server is not None:
-                server.stop()
+                try:
+                    server.stop()
+                except BaseException as err:  # noqa: BLE001 - stop the others first
+                    error = error or err
+        if error is not None:
+            raise error
 
     def __enter__(self) -> "Deployment":
         return self.start()

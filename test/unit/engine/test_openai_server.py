@@ -5,21 +5,25 @@ the key from the environment variable `engine.api_key_env` names. A task runs th
 planner's scheduler against it, a refused request ends its task with the server's reason, a
 client without the key (or with a wrong one) is refused with a clear error, and a server that
 dies mid-plan ends the runs on it with an error and leaves nothing behind.
+
+The server runs its engine in a child process (`VLLM::EngineCore`) that does not watch for the
+server's death: it is started in a process group of its own (bench/vllm_deployment.py
+ServerProcess) and every kill goes to the whole group, or a killed server would leave its engine
+running (GBs of memory) after the test run. The tests check that none of the group is left.
 """
 
 from __future__ import annotations
 
 import os
 import secrets
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
+from pathlib import Path
 
 import pytest
 
 from fakes import EXEC_MODEL_PATH, LEVELS, SKILL_SETS, TRACES, Listener, Robots, drive
+from timelyllm_ros.bench.vllm_deployment import ServerProcess, free_port, group_pids
 from timelyllm_ros.core.engine.base import EngineRequest
 from timelyllm_ros.core.engine.factory import EngineSpec, build_engine
 from timelyllm_ros.core.engine.openai_engine import EngineRefused, EngineUnavailable
@@ -33,10 +37,16 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 KEY_ENV = "TIMELYLLM_TEST_VLLM_API_KEY"
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def engine_cores(pids):
+    """Those of `pids` that are a vLLM engine core (vLLM sets its process title)."""
+    cores = []
+    for pid in pids:
+        try:
+            if b"EngineCore" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                cores.append(pid)
+        except OSError:
+            pass  # gone meanwhile
+    return cores
 
 
 @pytest.fixture(scope="module")
@@ -46,39 +56,29 @@ def server(tmp_path_factory):
 
     if not (DEFAULT_MODEL_DIR / "config.json").is_file():
         pytest.skip("bundled model not prepared (run scripts/bootstrap.sh)")
-    port = _free_port()
-    log = tmp_path_factory.mktemp("vllm-serve") / "serve.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+    port = free_port()
     key = secrets.token_hex(16)
-    proc = subprocess.Popen(
+    srv = ServerProcess(
+        "vllm serve", f"http://127.0.0.1:{port}",
         [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
          "--model", str(DEFAULT_MODEL_DIR), "--host", "127.0.0.1", "--port", str(port),
          "--dtype", "float32", "--max-model-len", "2048", "--kv-cache-memory-bytes", str(512 << 20),
          "--enforce-eager", "--enable-prompt-tokens-details", "--max-num-seqs", "8",
          "--api-key", key],
-        stdout=log.open("w"), stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while True:
+        tmp_path_factory.mktemp("vllm-serve") / "serve.log")
+    try:
+        srv.start()
         try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"vllm serve did not come up:\n{log.read_text()[-3000:]}")
-        time.sleep(1)
-    os.environ[KEY_ENV] = key
-    yield url, proc
-    os.environ.pop(KEY_ENV, None)
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            srv.wait_up(time.monotonic() + 300)   # stops the server's group if it does not
+        except RuntimeError as err:
+            pytest.fail(str(err))
+        os.environ[KEY_ENV] = key
+        yield srv.url, srv
+    finally:
+        os.environ.pop(KEY_ENV, None)
+        srv.stop()
+        if srv.proc is not None:
+            assert not group_pids(srv.proc.pid), "the server's processes outlived it"
 
 
 def _spec(engine, task_id):
@@ -171,7 +171,7 @@ def test_a_server_with_an_api_key_refuses_a_planner_without_it(server, monkeypat
 
 
 def test_a_server_that_dies_ends_its_runs_with_the_reason(server):
-    url, proc = server
+    url, srv = server
     engine = build_engine(EngineSpec.from_params({"kind": "openai", "url": url,
                                                   "api_key_env": KEY_ENV}))
     prompt = engine.tokenize("Count from one to one hundred: one, two, three,")
@@ -179,8 +179,12 @@ def test_a_server_that_dies_ends_its_runs_with_the_reason(server):
     got = []
     while not got:
         got = [o for o in engine.step() if o.new_token_ids]
-    proc.kill()
-    proc.wait(30)
+    group = srv.proc.pid
+    cores = engine_cores(group_pids(group))
+    assert cores, "the server runs no engine core process of its own: nothing to check below"
+    srv.kill()    # SIGKILL to the server and its engine core, as a crash of the machine would
+    assert not engine_cores(cores) and not group_pids(group), \
+        "the server's engine core outlived the server"
     outs = []
     deadline = time.monotonic() + 60
     while engine.has_unfinished_requests() and time.monotonic() < deadline:

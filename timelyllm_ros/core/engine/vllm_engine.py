@@ -138,21 +138,34 @@ class VllmEngine(VllmOutputs, WallClockIdle, PauselessEngine):
             if "memory" in str(err).lower() and "kv" in str(err).lower():
                 raise ValueError(kv_memory_advice(config, str(err))) from err
             raise
-        self._tokenizer = self._engine.get_tokenizer()
-        self._block_size = int(self._engine.vllm_config.cache_config.block_size)
         try:
-            self._core = VllmInternals(self._engine)
-        except VllmInternalsError:
-            if config.sessions:
-                raise
-            self._core = None  # no KV figures; vLLM's own scheduler admits by KV
-        self._sessions = config.sessions
-        self._stop_ids: list[int] = []
-        if self._sessions:
-            eos = self._tokenizer.eos_token_id
-            self._stop_ids = stop_token_ids(self._tokenizer.decode, len(self._tokenizer),
-                                            config.session_stop_chars,
-                                            exclude=[eos] if eos is not None else [])
+            self._tokenizer = self._engine.get_tokenizer()
+            self._block_size = int(self._engine.vllm_config.cache_config.block_size)
+            try:
+                self._core = VllmInternals(self._engine)
+            except VllmInternalsError:
+                if config.sessions:
+                    raise
+                self._core = None  # no KV figures; vLLM's own scheduler admits by KV
+            self._sessions = config.sessions
+            self._stop_ids: list[int] = []
+            if self._sessions:
+                eos = self._tokenizer.eos_token_id
+                self._stop_ids = stop_token_ids(self._tokenizer.decode, len(self._tokenizer),
+                                                config.session_stop_chars,
+                                                exclude=[eos] if eos is not None else [])
+        except BaseException:
+            # The engine is up but this adapter is not: shut it down now. With
+            # VLLM_ENABLE_V1_MULTIPROCESSING=1 (where VllmInternals refuses) its engine core is
+            # a child process holding the model and KV cache, which would otherwise live until
+            # the garbage collector or the interpreter's exit (a planner retrying its configure
+            # would gather one per try).
+            engine, self._engine = self._engine, None
+            try:
+                engine.engine_core.shutdown()
+            except Exception:  # noqa: BLE001 - the caller's error is the one to see
+                pass
+            raise
         self._runs: dict[str, Run] = {}       # run id -> run (running, parked or suspended)
         self._by_key: dict[str, Run] = {}     # vLLM external id -> run
         self._by_internal: dict[str, Run] = {}
