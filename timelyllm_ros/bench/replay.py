@@ -15,6 +15,7 @@ at the planner -> `on_report`), then `tick()` the scheduler (one engine step). W
 jump (or, on the real engine, sleep) to the next event or scheduler timer. The run stops when
 every task is terminal, and is aborted as stuck when it stops progressing (`max_stall_s`, and
 engine steps that take no time; a deep backlog that still drains is not stuck, docs/overload.md).
+Once the run ends, each task's outcome is read off the scheduler (bench/replay_outcome.py).
 
 Determinism: event lists come from `compose` (seeded); robot durations are drawn per (seed, task
 number, call index), so every policy sees exactly the same robot execution times. The simulated
@@ -46,15 +47,15 @@ from timelyllm_ros.bench.config import BenchConfig
 from timelyllm_ros.bench.engines import EnginePool, build_engine
 from timelyllm_ros.bench.policies import make_policy
 from timelyllm_ros.bench.prompts import pad_skill_sets
-from timelyllm_ros.bench.results import NAN, RunResult, SegmentResult, TaskResult, task_type
+from timelyllm_ros.bench.replay_outcome import end_state, pause_summary, stuck_state, task_result
+from timelyllm_ros.bench.results import RunResult
 from timelyllm_ros.bench.simulated_robots import SimulatedRobots
-from timelyllm_ros.core.engine.base import PRESERVE, EngineAdapter
+from timelyllm_ros.core.engine.base import EngineAdapter
 from timelyllm_ros.core.exec_model import ExecutionTimeModel
-from timelyllm_ros.core.lifecycle import TERMINAL_STATES
 from timelyllm_ros.core.sched.interface import SegmentDispatch, TaskRejected
 from timelyllm_ros.core.sched.scheduler import SchedulerConfig, SegmentScheduler
 from timelyllm_ros.core.skills.skillset import SkillSet, load_skillsets
-from timelyllm_ros.core.task import TaskRecord, TaskSnapshot, TaskSpec
+from timelyllm_ros.core.task import TaskSnapshot, TaskSpec
 from timelyllm_ros.core.tuf import TufLevels, default_config_dir, load_tuf_levels
 from timelyllm_ros.lrtrace.traces import Trace, load_traces
 from timelyllm_ros.lrtrace.workload import Event, Workload
@@ -284,19 +285,19 @@ def run_policy(events: Sequence[Event], policy_name: str, workload: Workload,
                 break
             if config.max_overrun_s is not None and now > last_arrival + config.max_overrun_s:
                 raise RuntimeError(f"{policy_name}: replay still running {config.max_overrun_s:.0f} s "
-                                   f"after the last arrival ({_stuck_state(scheduler, engine)})")
+                                   f"after the last arrival ({stuck_state(scheduler, engine)})")
             progressed = scheduler.tick()
             if progressed:
                 still = still + 1 if engine.now() == last_step else 0
                 last_step = engine.now()
                 if still >= STILL_STEPS_LIMIT:
                     raise RuntimeError(f"{policy_name}: replay stuck: {still} engine steps in a row "
-                                       f"took no time ({_stuck_state(scheduler, engine)})")
+                                       f"took no time ({stuck_state(scheduler, engine)})")
             # After the tick: an overdue report deadline it acted on ended a task (progress).
             if engine.now() > last_progress + config.max_stall_s:
                 raise RuntimeError(f"{policy_name}: replay stuck: nothing progressed for "
                                    f"{engine.now() - last_progress:.0f} s "
-                                   f"({_stuck_state(scheduler, engine)})")
+                                   f"({stuck_state(scheduler, engine)})")
             if loop.has_ready():
                 release_ready(engine.now())
                 continue
@@ -321,7 +322,7 @@ def run_policy(events: Sequence[Event], policy_name: str, workload: Workload,
             engine.shutdown()
 
     clock_s = engine.now() - t0
-    tasks = [_task_result(scheduler.tasks[tid], meta[tid], robots, t0) for tid in scheduler.tasks]
+    tasks = [task_result(scheduler.tasks[tid], meta[tid], robots, t0) for tid in scheduler.tasks]
     return RunResult(policy=policy_name, tasks=tasks,
                      fetch_overhead_s=list(scheduler.fetch_overhead_s), steps=scheduler.steps,
                      clock_s=clock_s, wall_s=time.perf_counter() - wall_start,
@@ -334,35 +335,6 @@ def run_policy(events: Sequence[Event], policy_name: str, workload: Workload,
                              "prompt_tokens_min": min(
                                  (len(t.prompt_ids) for t in scheduler.tasks.values()
                                   if t.prompt_ids), default=0)})
-
-
-def end_state(scheduler: SegmentScheduler, engine: EngineAdapter) -> dict[str, int]:
-    """What the planner still holds: queued and running generations, non-terminal tasks,
-    requests the engine has not finished, parked generations, and KV blocks not free (a block
-    the prefix cache keeps for reuse counts as free, as in vLLM). All zero once a run drained."""
-    kv = engine.kv_usage()
-    return {"queued": scheduler.queue_length(), "running": len(scheduler.running_request_ids()),
-            "active_tasks": len(scheduler.active_tasks()),
-            "engine_requests": int(engine.has_unfinished_requests()),
-            "parked": len(engine.paused_generations()),
-            "kv_blocks_used": int(kv.total_blocks) - int(kv.free_blocks)}
-
-
-def _stuck_state(scheduler: SegmentScheduler, engine: EngineAdapter) -> str:
-    stuck = [t.task_id for t in scheduler.active_tasks()][:5]
-    held = ", ".join(f"{k} {v}" for k, v in end_state(scheduler, engine).items())
-    return f"{held}; active tasks e.g. {stuck}"
-
-
-def pause_summary(scheduler: SegmentScheduler) -> dict[str, int]:
-    """How a run's suspensions held their KV, and what the scheduler's evictions of parked
-    generations cost ({} for a run that never preserved: nothing to evict)."""
-    counts = dict(scheduler.pause_counts)
-    if not counts.get(PRESERVE) and not scheduler.evictions.evictions:
-        return {}
-    ev = scheduler.evictions
-    return {**counts, "evictions": ev.evictions, "evicted_tokens": ev.evicted_tokens,
-            "recomputed_tokens": ev.recomputed_tokens}
 
 
 def _task_id(spec) -> str:
@@ -387,51 +359,6 @@ def _submit_event(scheduler: SegmentScheduler, robots: SimulatedRobots, event: E
                 max_plan_tokens=trace.max_plan_tokens))
         except TaskRejected:
             pass  # recorded by the scheduler as a rejected task; the listener saw it
-
-
-def _spans(task: TaskRecord, t0: float, end: float) -> list[tuple[float, float]]:
-    spans = []
-    history = task.lifecycle.history
-    for i, (state, at) in enumerate(history):
-        if state == "generating":
-            stop = history[i + 1][1] if i + 1 < len(history) else end
-            spans.append((at - t0, stop - t0))
-    return spans
-
-
-def _task_result(task: TaskRecord, meta: tuple, robots: SimulatedRobots, t0: float) -> TaskResult:
-    spec, trace, event_id = meta
-    blocked = robots.blocked_s(task.task_id)
-    segments = [SegmentResult(s.sequence, s.text, s.is_last, s.dispatched_s - t0,
-                              (s.started_s - t0) if s.started_s is not None else NAN,
-                              (s.finished_s - t0) if s.finished_s is not None else NAN)
-                for s in task.segments]
-    done = task.state == "done"
-    execution = sum(s.finished_s - s.started_s for s in task.segments) if done else NAN
-    completion = (max(s.finished_s for s in task.segments) - t0) if done else NAN
-    sched_wait = task.waiting_time_s if done else NAN
-    end = task.lifecycle.history[-1][1]
-    latency = (max(s.dispatched_s for s in task.segments) - task.spec.arrival_s) if done else NAN
-    return TaskResult(
-        task_id=task.task_id, trace_id=trace.trace_id, category=trace.category,
-        tuf_level=spec.tuf_level, task_type=task_type(trace.category, spec.tuf_level),
-        robot_id=spec.robot_id, arrival_s=task.spec.arrival_s - t0, ert_s=task.spec.tuf.ert_s,
-        state=task.state, reason=task.lifecycle.reason or "",
-        response_time_s=task.response_time_s, utility=task.utility,
-        waiting_time_s=(sched_wait - blocked) if done else NAN, sched_waiting_time_s=sched_wait,
-        robot_blocked_s=blocked, execution_s=execution, completion_s=completion,
-        resumes=task.resumes, latency_s=latency,
-        generated_tokens=len(task.generated.token_ids), event_id=event_id, segments=segments,
-        generation_spans=_spans(task, t0, end), planned_s=_planned(task) - t0,
-        tuf=task.spec.tuf)
-
-
-def _planned(task: TaskRecord) -> float:
-    """When the planner was done with `task`: its generation finished, or it ended first."""
-    for state, at in task.lifecycle.history:
-        if state == "awaiting_robot" or state in TERMINAL_STATES:
-            return at
-    return NAN
 
 
 def run_policies(events: Sequence[Event], policies: Iterable[str], workload: Workload,

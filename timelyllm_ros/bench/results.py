@@ -105,7 +105,7 @@ class RunResult:
     last_step_s: float = NAN
     # Tasks whose terminal status reached the listener (the clients that were told).
     told: int = 0
-    # What the planner still held at the end (bench.replay.end_state): all zeros when idle.
+    # What the planner still held at the end (bench.replay_outcome.end_state): all zeros when idle.
     end_state: dict[str, int] = field(default_factory=dict)
 
     @property
