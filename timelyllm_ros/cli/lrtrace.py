@@ -167,7 +167,7 @@ def _add_fit(p: argparse.ArgumentParser) -> None:
 
 def _run_fit(args: argparse.Namespace) -> int:
     from timelyllm_ros.core.exec_model import ExecModelConfigError
-    from timelyllm_ros.lrtrace import fit, timing_table
+    from timelyllm_ros.lrtrace import fit, fit_output, timing_table
     from timelyllm_ros.lrtrace.authors import timing_rows
     from timelyllm_ros.lrtrace.bag import BagError
     from timelyllm_ros.lrtrace.measured import is_measured_file, load_measured
@@ -191,7 +191,7 @@ def _run_fit(args: argparse.Namespace) -> int:
         result = fit.fit_rows(table.rows, base=base, allow_sparse=args.allow_sparse,
                               linear_skills=[s.strip() for s in args.linear.split(",") if s.strip()],
                               source=str(src))
-        out = fit.write_model(result, args.output, base_path=args.base)
+        out = fit_output.write_model(result, args.output, base_path=args.base)
         if credit:  # a model fitted to someone's data carries their credit and licence
             out.write_text(credit + out.read_text(encoding="utf-8"), encoding="utf-8")
     except (BagError, timing_table.TableError, fit.FitError, ExecModelConfigError,
@@ -199,13 +199,13 @@ def _run_fit(args: argparse.Namespace) -> int:
         return _error("fit", err)
     except OSError as err:
         return _error("fit", f"{getattr(err, 'filename', '') or ''}: {err.strerror or err}")
-    print(fit.format_summary(result))
+    print(fit_output.format_summary(result))
     for skill, why in sorted(result.kept.items()):
         if "sparse" in why:
             print(f"warning: {skill}: {why}", file=sys.stderr)
     print(f"wrote {out} ({len(result.fits)} skills fitted)")
     if args.plots:
-        paths = fit.plot_fits(result, args.plots)
+        paths = fit_output.plot_fits(result, args.plots)
         print(f"wrote {len(paths)} plots to {args.plots}")
     return 0
 

@@ -20,6 +20,7 @@ from timelyllm_ros.core.exec_model import ExecutionTimeModel
 from timelyllm_ros.core.skills.base import SkillCall
 from timelyllm_ros.lrtrace import bag as bagmod
 from timelyllm_ros.lrtrace import fit as fitmod
+from timelyllm_ros.lrtrace import fit_output
 from timelyllm_ros.lrtrace import message_types as msgtypes
 from timelyllm_ros.lrtrace.timing_table import TimingRow, build_rows, read_csv, table_from_bag, write_csv
 
@@ -75,7 +76,7 @@ def fitted(tmp_path_factory):
     bag_dir = synthetic_bag(d / "synthetic.mcap")
     build, _ = table_from_bag(bag_dir)
     result = fitmod.fit_rows(build.rows, source="synthetic")
-    out = fitmod.write_model(result, d / "model.yaml")
+    out = fit_output.write_model(result, d / "model.yaml")
     return result, out, build
 
 
@@ -132,11 +133,11 @@ def test_multi_call_segments_check_the_fit(fitted):
 
 def test_summary_and_plots(fitted, tmp_path):
     result, _, _ = fitted
-    text = fitmod.format_summary(result)
+    text = fit_output.format_summary(result)
     for word in ("move_forward", "turn_cw", "sweeping", "RMSE", "R2", "linear", "empirical",
                  "multi-call check"):
         assert word in text
-    paths = fitmod.plot_fits(result, tmp_path / "plots")
+    paths = fit_output.plot_fits(result, tmp_path / "plots")
     names = {p.name for p in paths}
     assert {"move_forward.png", "turn_cw.png", "sweeping.png", "is_visible.png"} <= names
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 2000 for p in paths)
@@ -181,7 +182,7 @@ def test_allow_sparse_keeps_the_base_entries(tmp_path):
     assert result.config["skills"]["move_left"] == base["move_left"]
     assert "move_left" in result.kept and "sparse" in result.kept["move_left"]
     assert result.fits["turn_cw"].n == 3
-    fitmod.write_model(result, tmp_path / "m.yaml")
+    fit_output.write_model(result, tmp_path / "m.yaml")
     ExecutionTimeModel.from_yaml(tmp_path / "m.yaml")
 
 
