@@ -1,7 +1,8 @@
 """`engine.kind: openai`: a client of a running vLLM OpenAI-compatible server (`vllm serve`).
 
-The scheduler drives engines synchronously from one thread; this adapter keeps an asyncio loop
-with one `httpx.AsyncClient` in a background thread and bridges the two:
+The scheduler drives engines synchronously from one thread; this adapter reaches the server
+through an asyncio loop with one `httpx.AsyncClient` in a background thread
+(openai_connection.py), and bridges the two:
 - `add_request` posts a streamed `/v1/completions` request with the prompt as token ids,
   `return_token_ids`, the output grammar as vLLM `structured_outputs`, and the run's service
   class as vLLM `priority` (a server started with `--scheduling-policy priority` orders by it).
@@ -26,7 +27,8 @@ num_gpu_blocks / block_size, `vllm:kv_cache_usage_perc`), refreshed at most ever
 Behind vllm-router (`router: true`, docs/router.md): every run carries its task id in the
 `X-Session-ID` header (`consistent_hash` keeps a task's resumes on one worker's prefix cache), and
 the KV and slots are every worker's, summed (worker_metrics.py). With `api_key_env` the servers'
-key goes in `Authorization: Bearer` (request format and key: openai_wire.py).
+key goes in `Authorization: Bearer` (request format and key: openai_wire.py; sent by
+openai_connection.py).
 
 Faults: a server that does not answer at start raises `EngineUnavailable`; a stream that breaks
 (the server died) ends its request with `finish_reason="error"` and `EngineOutput.error` naming
@@ -38,9 +40,7 @@ live worker, so the engine stays up.
 from __future__ import annotations
 
 import asyncio
-import json
 import queue
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -48,10 +48,10 @@ from typing import Any, Sequence
 from timelyllm_ros.core.engine.base import (EngineCapabilities, EngineOutput, EngineRequest,
                                             KvUsage, PauselessEngine, StepTiming, WallClockIdle)
 from timelyllm_ros.core.engine.cost_model import EngineProfile
+from timelyllm_ros.core.engine.openai_connection import ServerConnection
 from timelyllm_ros.core.engine.openai_wire import (SESSION_HEADER, EngineRefused,
                                                    EngineUnavailable, OpenAIEngineConfig,
-                                                   StreamEvent, api_key_from_env,
-                                                   completion_body, error_text, parse_chunk)
+                                                   StreamEvent, completion_body, parse_chunk)
 from timelyllm_ros.core.engine.replicas import affinity_key
 from timelyllm_ros.core.engine.worker_metrics import WorkerMetrics, parse_metrics
 
@@ -73,15 +73,12 @@ class OpenAIEngine(WallClockIdle, PauselessEngine):
     name = "openai"
 
     def __init__(self, config: OpenAIEngineConfig, profile: EngineProfile | None = None):
-        import httpx
-
         self.config = config
         self.profile = profile
         self.label = config.name or config.url
-        api_key = api_key_from_env(config.api_key_env)
-        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._server = ServerConnection(config, self.label)
         self._workers = (WorkerMetrics(config.url, config.workers, config.max_num_seqs,
-                                       config.metrics_interval_s, self._auth)
+                                       config.metrics_interval_s, self._server.headers)
                          if config.router else None)
         self._events: queue.Queue[StreamEvent] = queue.Queue()
         self._streams: dict[str, _Stream] = {}
@@ -92,18 +89,11 @@ class OpenAIEngine(WallClockIdle, PauselessEngine):
         self._probe_future: Any = None
         self._metrics: dict[str, Any] = {}
         self._metrics_at = -1e9
-        self._client: Any = None
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
-                                        name=f"openai-engine {self.label}")
-        self._thread.start()
-        timeout = httpx.Timeout(config.read_timeout_s, connect=config.connect_timeout_s)
-        self._client = self._call(self._make_client(httpx, timeout))
         try:
-            models = self._call(self._get_json("/v1/models"))
+            models = self._server.call(self._server.get_json("/v1/models"))
         except Exception as err:  # noqa: BLE001
             self.shutdown()
-            raise EngineUnavailable(self._unreachable(err)) from err
+            raise EngineUnavailable(self._server.unreachable(err)) from err
         try:
             served = [m["id"] for m in models.get("data", [])]
             if not config.model:
@@ -123,40 +113,7 @@ class OpenAIEngine(WallClockIdle, PauselessEngine):
             raise
         except Exception as err:  # noqa: BLE001 - any failure to talk to it means: unavailable
             self.shutdown()
-            raise EngineUnavailable(self._unreachable(err)) from err
-
-    def _unreachable(self, err: Exception) -> str:
-        import httpx
-
-        if isinstance(err, httpx.HTTPStatusError) and err.response.status_code == 401:
-            if self._auth:
-                return (f"engine openai: server {self.label} refused the API key from "
-                        f"${self.config.api_key_env} (401 Unauthorized)")
-            return (f"engine openai: server {self.label} requires an API key (401 "
-                    "Unauthorized): set engine.api_key_env to the name of an environment "
-                    "variable that holds it")
-        return (f"engine openai: server {self.label} is not reachable: "
-                f"{type(err).__name__}: {err}")
-
-    # -- the loop thread -------------------------------------------------------------------
-    async def _make_client(self, httpx, timeout):
-        return httpx.AsyncClient(base_url=self.config.url.rstrip("/"), timeout=timeout,
-                                 headers=self._auth)
-
-    def _call(self, coro, timeout: float | None = None):
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        return future.result(timeout if timeout is not None else
-                             self.config.connect_timeout_s + self.config.read_timeout_s)
-
-    async def _get_json(self, path: str) -> Any:
-        response = await self._client.get(path)
-        response.raise_for_status()
-        return response.json()
-
-    async def _get_text(self, path: str) -> str:
-        response = await self._client.get(path)
-        response.raise_for_status()
-        return response.text
+            raise EngineUnavailable(self._server.unreachable(err)) from err
 
     # -- health and capacity ---------------------------------------------------------------
     def healthy(self) -> bool:
@@ -172,7 +129,7 @@ class OpenAIEngine(WallClockIdle, PauselessEngine):
 
     def probe(self) -> bool:
         """Ask the server now (blocking); marks the engine up or down."""
-        return self._call(self._probe_once(), timeout=self.config.connect_timeout_s + 6)
+        return self._server.call(self._probe_once(), timeout=self.config.connect_timeout_s + 6)
 
     def _probe_in_background(self) -> None:
         now = time.monotonic()
@@ -180,18 +137,18 @@ class OpenAIEngine(WallClockIdle, PauselessEngine):
         if running or now - self._probed_at < self.config.reprobe_s:
             return
         self._probed_at = now
-        self._probe_future = asyncio.run_coroutine_threadsafe(self._probe_once(), self._loop)
+        self._probe_future = self._server.submit(self._probe_once())
 
     async def _probe_once(self) -> bool:
         """The server's /health (behind a router, whose /health fails while any worker is down:
         whether a worker answers its /metrics)."""
         try:
             if self._workers is not None:
-                await asyncio.wait_for(self._workers.refresh(self._client), 5.0)
+                await asyncio.wait_for(self._workers.refresh(self._server.client), 5.0)
                 if not self._workers.live():
                     raise ConnectionError(f"no worker is up: {self._workers.describe()}")
             else:
-                await self._get_text("/health")
+                await self._server.get_text("/health")
         except Exception as err:  # noqa: BLE001
             self._mark_down(f"{type(err).__name__}: {err}")
             return False
@@ -209,11 +166,11 @@ class OpenAIEngine(WallClockIdle, PauselessEngine):
         self._metrics_at = now
         try:
             if self._workers is not None:
-                self._call(self._workers.refresh(self._client), timeout=5.0)
+                self._server.call(self._workers.refresh(self._server.client), timeout=5.0)
                 self._workers.kv_usage()  # raises while no worker has reported
             else:
-                self._metrics = parse_metrics(self._call(self._get_text("/metrics"),
-                                                         timeout=5.0))
+                self._metrics = parse_metrics(self._server.call(
+                    self._server.get_text("/metrics"), timeout=5.0))
         except Exception:  # noqa: BLE001 - keep the last figures; streams report the failure
             if force:
                 raise
@@ -249,15 +206,15 @@ class OpenAIEngine(WallClockIdle, PauselessEngine):
 
     def tokenize(self, text: str) -> list[int]:
         body = {"model": self.model, "prompt": text, "add_special_tokens": False}
-        return list(self._call(self._post_json("/tokenize", body))["tokens"])
+        return list(self._server.call(self._post_json("/tokenize", body))["tokens"])
 
     def decode(self, token_ids: Sequence[int]) -> str:
         body = {"model": self.model, "tokens": list(token_ids)}
-        return str(self._call(self._post_json("/detokenize", body))["prompt"])
+        return str(self._server.call(self._post_json("/detokenize", body))["prompt"])
 
     def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
         body = {"model": self.model, "messages": messages, "add_generation_prompt": True}
-        return list(self._call(self._post_json("/tokenize", body))["tokens"])
+        return list(self._server.call(self._post_json("/tokenize", body))["tokens"])
 
     def _direct_targets(self, path: str) -> list[str]:
         """Behind a router, `path` on each worker that reported last, tried directly when the
@@ -272,21 +229,15 @@ class OpenAIEngine(WallClockIdle, PauselessEngine):
         """A stateless call (tokenize, detokenize); every worker answers it alike, so behind a
         router a failed call is tried again on the workers directly (`_direct_targets`)."""
         try:
-            return await self._post_json_once(path, body)
+            return await self._server.post_json(path, body)
         except Exception as err:  # noqa: BLE001 - re-raised below when no worker answers
             failure = err
         for target in self._direct_targets(path):
             try:
-                return await self._post_json_once(target, body)
+                return await self._server.post_json(target, body)
             except Exception:  # noqa: BLE001 - that worker is down too: try the next
                 continue
         raise failure
-
-    async def _post_json_once(self, path: str, body: dict) -> Any:
-        response = await self._client.post(path, json=body)
-        if response.status_code >= 400:
-            raise EngineRefused(f"{self.label}{path}: {error_text(response.text)}")
-        return response.json()
 
     def max_model_len(self) -> int:
         return self._max_model_len
@@ -304,33 +255,40 @@ class OpenAIEngine(WallClockIdle, PauselessEngine):
 
         async def start() -> None:
             nonlocal opened
-            opened = self._loop.create_future()
-            stream.task = self._loop.create_task(self._run_stream(stream, request, opened))
+            opened = self._server.loop.create_future()
+            stream.task = self._server.loop.create_task(self._run_stream(stream, request, opened))
             await opened
 
         self._streams[rid] = stream
         try:
-            self._call(start(), timeout=self.config.connect_timeout_s + self.config.read_timeout_s)
+            self._server.call(start(), timeout=self.config.connect_timeout_s
+                              + self.config.read_timeout_s)
         except Exception:
             self._streams.pop(rid, None)
             if stream.task is not None:
-                self._loop.call_soon_threadsafe(stream.task.cancel)
+                self._server.cancel_soon(stream.task)
             raise
 
     async def _run_stream(self, stream: _Stream, request: EngineRequest,
                           opened: asyncio.Future) -> None:
         rid = stream.request_id
+
+        def on_data(chunk: dict) -> None:
+            self._events.put(parse_chunk(rid, chunk, self.label))
+
         try:
             headers = {SESSION_HEADER: affinity_key(rid)}
             body = completion_body(self.model, self.config, request)
-            outcome = await self._stream_from("/v1/completions", rid, body, headers, opened)
+            outcome = await self._server.stream_events("/v1/completions", body, headers, opened,
+                                                       on_data)
             if isinstance(outcome, tuple) and outcome[0] >= 500:
                 # The router could not reach the worker its hash picked: the run goes to one
                 # that answers, where the router itself sends it once the dead one is dropped;
                 # only the prefix cache is lost, as on a failover.
                 for target in self._direct_targets("/v1/completions"):
                     try:
-                        outcome = await self._stream_from(target, rid, body, headers, opened)
+                        outcome = await self._server.stream_events(target, body, headers,
+                                                                   opened, on_data)
                     except Exception:  # noqa: BLE001 - that worker is down too: the next
                         if opened.done():
                             raise  # it broke off mid-stream: handled below
@@ -365,33 +323,11 @@ class OpenAIEngine(WallClockIdle, PauselessEngine):
             self._mark_down(reason)
             self._events.put(StreamEvent(rid, finish_reason="error", error=self._down_reason))
 
-    async def _stream_from(self, target: str, rid: str, body: dict, headers: dict,
-                           opened: asyncio.Future) -> bool | tuple[int, str]:
-        """One attempt at `target`: (status, message) when it answers an error status
-        (`opened` untouched); else `opened` is set, every chunk becomes an event, and the
-        result says whether the stream ended with [DONE]."""
-        async with self._client.stream("POST", target, json=body, headers=headers) as response:
-            if response.status_code >= 400:
-                text = (await response.aread()).decode(errors="replace")
-                return response.status_code, error_text(text)
-            opened.set_result(True)
-            async for line in response.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                data = line[6:]
-                if data.strip() == "[DONE]":
-                    return True
-                self._on_chunk(rid, json.loads(data))
-        return False
-
-    def _on_chunk(self, rid: str, chunk: dict) -> None:
-        self._events.put(parse_chunk(rid, chunk, self.label))
-
     def abort_request(self, request_id: str) -> None:
         stream = self._streams.pop(request_id, None)
         if stream is not None and stream.task is not None:
             # Closing the connection is how a client aborts a vLLM request.
-            self._loop.call_soon_threadsafe(stream.task.cancel)
+            self._server.cancel_soon(stream.task)
 
     def step(self) -> list[EngineOutput]:
         start = time.perf_counter()
@@ -446,16 +382,7 @@ class OpenAIEngine(WallClockIdle, PauselessEngine):
     def shutdown(self) -> None:
         for rid in list(self._streams):
             self.abort_request(rid)
-        client = self._client
-        if client is not None and self._loop.is_running():
-            try:
-                self._call(client.aclose(), timeout=5.0)
-            except Exception:  # noqa: BLE001
-                pass
-            self._client = None
-        if self._loop.is_running():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=5.0)
+        self._server.close()
 
     def describe(self) -> dict[str, Any]:
         out = {"engine": self.name, "url": self.config.url, "model": self.model}
