@@ -280,7 +280,7 @@ def measure_constraint_cost(argv: Sequence[str] | None = None) -> int:
     from timelyllm_ros.core.engine.factory import EngineSpec
     from timelyllm_ros.core.engine.factory import build_engine as build_from_spec
     from timelyllm_ros.core.engine.profiling import cpu_pressure, machine_description
-    from timelyllm_ros.core.engine.vllm_engine import VllmEngineConfig
+    from timelyllm_ros.core.engine.vllm_engine_config import VllmEngineConfig
     from timelyllm_ros.core.skills.skillset import load_skillsets
     from timelyllm_ros.core.tuf import default_config_dir
     from timelyllm_ros.lrtrace.traces import load_traces

@@ -164,7 +164,8 @@ def run_overhead(model: str, skill_sets, traces, levels, exec_model_path, *,
                  tasks_per_skill_set: int = 3, repeats: int = 3, only: list[str] | None = None,
                  log: Callable[[str], None] | None = None) -> list[OverheadRow]:
     """Build the real engine (sessions on) and measure every skill set that has traces."""
-    from timelyllm_ros.core.engine.vllm_engine import VllmEngine, VllmEngineConfig
+    from timelyllm_ros.core.engine.vllm_engine import VllmEngine
+    from timelyllm_ros.core.engine.vllm_engine_config import VllmEngineConfig
 
     engine = VllmEngine(VllmEngineConfig(model=model))
     try:

@@ -18,7 +18,8 @@ from rcl_interfaces.msg import (FloatingPointRange, IntegerRange, ParameterDescr
 
 from timelyllm_ros.core.engine.base import ENGINE_SCHEDULING
 from timelyllm_ros.core.engine.factory import EngineSpec
-from timelyllm_ros.core.engine.vllm_engine import DEFAULT_KV_CACHE_BYTES, VllmEngineConfig
+from timelyllm_ros.core.engine.vllm_engine_config import VllmEngineConfig
+from timelyllm_ros.core.engine.vllm_memory import DEFAULT_KV_CACHE_BYTES
 from timelyllm_ros.core.exec_model import ExecutionTimeModel
 from timelyllm_ros.core.policies.registry import DEFAULT_POLICY, get_policy
 from timelyllm_ros.core.sched.scheduler import SchedulerConfig

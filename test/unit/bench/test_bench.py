@@ -23,6 +23,7 @@ from timelyllm_ros.bench.workloads import shorten
 from timelyllm_ros.bench.metrics import (METRIC_KEYS, compute_metrics, format_table, json_safe,
                                          results_json)
 from timelyllm_ros.core.engine.sim.tokenizer import PieceTokenizer
+from timelyllm_ros.core.engine.vllm_engine_config import VllmEngineConfig
 from timelyllm_ros.core.exec_model import ExecutionTimeModel
 from timelyllm_ros.core.policies.registry import get_policy
 from timelyllm_ros.core.skills.skillset import load_skillsets
@@ -149,7 +150,7 @@ def test_real_engine_gets_the_policys_scheduling(monkeypatch):
     override = BenchConfig(engine="vllm", model="m", vllm_config={"scheduling_policy": "fcfs"})
     assert build_engine(override, policy=get_policy("bros")).scheduling_policy == "fcfs"
     with pytest.raises(ValueError, match="scheduling_policy"):
-        vllm_engine.VllmEngineConfig(model="m", scheduling_policy="lifo")
+        VllmEngineConfig(model="m", scheduling_policy="lifo")
 
 
 def test_real_engine_gets_an_explicit_profile_only(monkeypatch):
@@ -175,7 +176,7 @@ def test_real_engine_baseline_without_prefix_cache(monkeypatch):
     assert build_engine(cfg, prefix_cache=False).enable_prefix_caching is False
     assert build_engine(cfg).enable_prefix_caching is True
     assert cfg.effective_prompt_tokens is None  # prompts are padded on the simulated engine only
-    assert vllm_engine.VllmEngineConfig.from_mapping(
+    assert VllmEngineConfig.from_mapping(
         {"model": "m", "enable_prefix_caching": False}).enable_prefix_caching is False
 
 

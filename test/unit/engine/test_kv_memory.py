@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from timelyllm_ros.core.engine.vllm_engine import VllmEngineConfig
+from timelyllm_ros.core.engine.vllm_engine_config import VllmEngineConfig
 from timelyllm_ros.core.engine.vllm_memory import (DEFAULT_KV_CACHE_BYTES, kv_memory_advice,
                                                    kv_memory_args)
 from timelyllm_ros.ros_env import REPO_ROOT

@@ -22,7 +22,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
 CHILD = textwrap.dedent("""
     import os, sys
     from pathlib import Path
-    from timelyllm_ros.core.engine.vllm_engine import VllmEngine, VllmEngineConfig
+    from timelyllm_ros.core.engine.vllm_engine import VllmEngine
+    from timelyllm_ros.core.engine.vllm_engine_config import VllmEngineConfig
     from timelyllm_ros.core.engine.vllm_internals import VllmInternalsError
 
     def engine_cores():

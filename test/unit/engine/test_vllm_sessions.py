@@ -113,7 +113,8 @@ class DiscardPolicy(TimelyPolicy):
 def engine():
     pytest.importorskip("vllm")
     from timelyllm_ros.core.engine.model_prep import DEFAULT_MODEL_DIR
-    from timelyllm_ros.core.engine.vllm_engine import VllmEngine, VllmEngineConfig
+    from timelyllm_ros.core.engine.vllm_engine import VllmEngine
+    from timelyllm_ros.core.engine.vllm_engine_config import VllmEngineConfig
 
     if not (DEFAULT_MODEL_DIR / "config.json").is_file():
         pytest.skip("bundled model not prepared (run scripts/bootstrap.sh)")

@@ -124,7 +124,8 @@ def build_engine(spec: EngineSpec, needs: EngineNeeds = EngineNeeds()) -> Engine
         # for the BROS family); requests carry their priority either way.
         return build_openai(spec)
     if spec.kind == "vllm":
-        from timelyllm_ros.core.engine.vllm_engine import VllmEngine, VllmEngineConfig
+        from timelyllm_ros.core.engine.vllm_engine import VllmEngine
+        from timelyllm_ros.core.engine.vllm_engine_config import VllmEngineConfig
         values = {**dict(spec.vllm), "scheduling_policy": scheduling}
         if not values.get("model"):
             raise ValueError("engine vllm: a local model directory (`model`) is required")

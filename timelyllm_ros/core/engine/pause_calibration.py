@@ -150,7 +150,8 @@ def run_pause_calibration(model: str, profile_path, log=None, repeats: int = 3,
     """`timelyllm profile --pauses`: the real engine with sessions, the table of both paths."""
     from pathlib import Path
 
-    from timelyllm_ros.core.engine.vllm_engine import VllmEngine, VllmEngineConfig
+    from timelyllm_ros.core.engine.vllm_engine import VllmEngine
+    from timelyllm_ros.core.engine.vllm_engine_config import VllmEngineConfig
 
     profile = EngineProfile.from_yaml(profile_path) if Path(profile_path).is_file() else None
     config = VllmEngineConfig(model=model, ignore_eos=True)

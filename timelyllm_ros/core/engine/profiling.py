@@ -39,7 +39,7 @@ from typing import Any, Callable, Sequence
 from timelyllm_ros.core.engine.base import EngineAdapter, EngineRequest
 from timelyllm_ros.core.engine.cost_model import EngineProfile, EngineProfileError, fit_profile
 from timelyllm_ros.core.engine.factory import EngineSpec, build_engine
-from timelyllm_ros.core.engine.vllm_engine import VllmEngineConfig
+from timelyllm_ros.core.engine.vllm_engine_config import VllmEngineConfig
 
 # timelyllm_ros/core/engine/profiling.py -> the repository root
 REPO_ROOT = Path(__file__).resolve().parents[3]
