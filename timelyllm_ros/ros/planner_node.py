@@ -35,7 +35,6 @@ from dataclasses import replace
 import rclpy
 from rclpy.callback_groups import ReentrantCallbackGroup
 from rclpy.lifecycle import LifecycleNode, State, TransitionCallbackReturn
-from rcl_interfaces.msg import SetParametersResult
 
 from timelyllm_ros.core.sched.interface import SegmentDispatch
 from timelyllm_ros.core.task import TaskSnapshot
@@ -44,7 +43,7 @@ from timelyllm_ros.msg import PlannerMetrics, SkillSegment, TaskGoal, TaskStatus
 from timelyllm_ros.ros import diagnostics, planner_params, share, topics
 from timelyllm_ros.ros.conversions import (ClockBridge, goal_fields, s_to_time, segment_msg,
                                            status_msg)
-from timelyllm_ros.ros.engine_loop import EngineLoop, Refused
+from timelyllm_ros.ros.engine_loop import EngineLoop
 from timelyllm_ros.ros.engine_supervisor import EngineSupervisor
 from timelyllm_ros.ros.plan_task_server import PlanTaskServer, Watch
 from timelyllm_ros.ros.planner_liveness import PlannerAnnouncer
@@ -82,7 +81,8 @@ class PlannerNode(LifecycleNode):
         self.create_timer(1.0, self._publish_metrics, callback_group=self._group)
         self._diag = diagnostics.Publisher(self, "planner", "planner", self._diagnose, self._group)
         self._liveness = PlannerAnnouncer(self)   # robots stop its segments if it vanishes
-        self.add_on_set_parameters_callback(self._on_set_parameters)
+        self.add_on_set_parameters_callback(
+            lambda params: planner_params.apply_changes(self, params))
         self.supervisor = EngineSupervisor(self, self.get_parameter("restart_engine").value,
                                            self.get_parameter("restart_backoff_s").value)
 
@@ -322,42 +322,6 @@ class PlannerNode(LifecycleNode):
             response_time_s=nan, utility=nan, waiting_time_s=nan,
             expected_response_time_s=nan, decline_slope_per_s=nan, initial_utility=nan,
             stamp=self.get_clock().now().to_msg()))
-
-    # ------------------------------------------------------------------ parameters
-    def _on_set_parameters(self, params) -> SetParametersResult:
-        for p in params:
-            if p.name == "policy" and self.loop is not None and self.loop.alive:
-                name = p.value
-                try:
-                    self.loop.call(lambda scheduler: self.loop.replace_policy(scheduler, name))
-                except KeyError as err:
-                    return SetParametersResult(successful=False, reason=f"policy: {err.args[0]}")
-                except (Refused, TimeoutError) as err:
-                    return SetParametersResult(successful=False, reason=f"policy: {err}")
-                self.get_logger().info(f"policy is now {name}")
-            elif p.name == "policy":
-                from timelyllm_ros.core.policies.registry import get_policy
-
-                try:
-                    get_policy(p.value)
-                except KeyError as err:
-                    return SetParametersResult(successful=False, reason=f"policy: {err.args[0]}")
-            elif p.name == "engine.inject_fault" and p.value:
-                loop = self.loop
-                try:
-                    if loop is None:
-                        raise Refused("planner engine is not running")
-                    loop.inject_fault(p.value)
-                except (ValueError, Refused) as err:
-                    return SetParametersResult(successful=False, reason=str(err))
-                self.get_logger().warning(f"fault injected: the engine's next {p.value} fails")
-            elif p.name in ("restart_engine", "restart_backoff_s"):
-                setattr(self.supervisor, "tries" if p.name == "restart_engine" else "backoff_s",
-                        p.value)
-            elif p.name in ("report_timeout_factor", "report_timeout_min_s") and self.settings:
-                field = p.name
-                setattr(self.settings.scheduler_config, field, float(p.value))
-        return SetParametersResult(successful=True)
 
     # ------------------------------------------------------------------ periodic
     def _publish_metrics(self) -> None:

@@ -1,10 +1,13 @@
-"""The planner's ROS parameters: declared with descriptors, and turned into what `configure` builds.
+"""The planner's ROS parameters: declared with descriptors, turned into what `configure` builds,
+and changed at run time.
 
 Read-only parameters (everything the engine or the scheduler is built from) can only be given at
 start-up; `ros2 param set` on one is refused by rclpy with the reason "parameter is read-only".
 Dynamic ones: `policy` (applied at once when the planner is idle and the new policy runs on
 the engine already built, else refused with the reason; always accepted while unconfigured) and
-the report timeouts (they apply to segments dispatched afterwards).
+the report timeouts (they apply to segments dispatched afterwards); also the fault drill
+`engine.inject_fault` and the restart settings (`restart_engine`, `restart_backoff_s`).
+`apply_changes` does this for the planner node (planner_node.py, which keeps the lifecycle).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rcl_interfaces.msg import (FloatingPointRange, IntegerRange, ParameterDescriptor,
-                                ParameterType)
+                                ParameterType, SetParametersResult)
 
 from timelyllm_ros.core.engine.base import ENGINE_SCHEDULING
 from timelyllm_ros.core.engine.factory import EngineSpec
@@ -26,6 +29,7 @@ from timelyllm_ros.core.sched.scheduler import SchedulerConfig
 from timelyllm_ros.core.skills.skillset import load_skillsets
 from timelyllm_ros.core.tuf import load_tuf_levels
 from timelyllm_ros.ros import share
+from timelyllm_ros.ros.engine_loop import Refused
 
 _S, _F, _I, _B, _SA = (ParameterType.PARAMETER_STRING, ParameterType.PARAMETER_DOUBLE,
                        ParameterType.PARAMETER_INTEGER, ParameterType.PARAMETER_BOOL,
@@ -317,3 +321,39 @@ def warn_undeclared_overrides(node, known=()) -> list[str]:
         else:
             node.get_logger().warning(f"ignoring {unknown_parameter_message(name, declared)}")
     return unused
+
+
+def apply_changes(node, params) -> SetParametersResult:
+    """The planner node's on-set-parameters callback: apply each change of a dynamic parameter
+    to the running planner (module docstring), or refuse the set with the reason. `node` has
+    the planner's `loop` (EngineLoop, None while unconfigured), `supervisor` and `settings`."""
+    for p in params:
+        if p.name == "policy" and node.loop is not None and node.loop.alive:
+            name = p.value
+            try:
+                node.loop.call(lambda scheduler: node.loop.replace_policy(scheduler, name))
+            except KeyError as err:
+                return SetParametersResult(successful=False, reason=f"policy: {err.args[0]}")
+            except (Refused, TimeoutError) as err:
+                return SetParametersResult(successful=False, reason=f"policy: {err}")
+            node.get_logger().info(f"policy is now {name}")
+        elif p.name == "policy":
+            try:
+                get_policy(p.value)
+            except KeyError as err:
+                return SetParametersResult(successful=False, reason=f"policy: {err.args[0]}")
+        elif p.name == "engine.inject_fault" and p.value:
+            loop = node.loop
+            try:
+                if loop is None:
+                    raise Refused("planner engine is not running")
+                loop.inject_fault(p.value)
+            except (ValueError, Refused) as err:
+                return SetParametersResult(successful=False, reason=str(err))
+            node.get_logger().warning(f"fault injected: the engine's next {p.value} fails")
+        elif p.name in ("restart_engine", "restart_backoff_s"):
+            setattr(node.supervisor, "tries" if p.name == "restart_engine" else "backoff_s",
+                    p.value)
+        elif p.name in ("report_timeout_factor", "report_timeout_min_s") and node.settings:
+            setattr(node.settings.scheduler_config, p.name, float(p.value))
+    return SetParametersResult(successful=True)
