@@ -168,3 +168,25 @@ def test_first_segment_lengths_are_passed_as_their_measured_distribution():
         means.observe([])
     q = means.length_quantiles(12)
     assert len(q) == 8 and list(q) == [2.0] * 6 + [9.0] * 2
+
+
+def test_length_quantiles_follow_each_new_measurement_of_their_bound():
+    # The quantiles are kept between passes: a segment measured since must show in them, and
+    # one of another bound must not disturb them.
+    means = FirstSegmentMeans(quantiles=4)
+
+    def measure(key, bound, tokens):
+        means.observe([RunningGen(key, 500, tokens, bound, 1.0, True, "drone", 0, 0, 1.0, 10.0)])
+        means.observe([])
+
+    measure("a", 12, 3)
+    assert list(means.length_quantiles(12)) == [3.0] * 4
+    before = means.length_quantiles(12)
+    measure("b", 60, 40)
+    assert means.length_quantiles(12) is before  # another bound: kept as it was
+    for key in ("c", "d", "e"):
+        measure(key, 12, 7)
+    assert list(means.length_quantiles(12)) == [3.0, 7.0, 7.0, 7.0]
+    assert list(means.length_quantiles(60)) == [40.0] * 4
+    with pytest.raises(ValueError):
+        before[0] = 1.0  # handed out read-only: a caller cannot change the kept values

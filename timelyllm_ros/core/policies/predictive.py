@@ -56,6 +56,9 @@ class FirstSegmentMeans:
         self._watching: dict[str, tuple[str, int, int]] = {}
         # Per segment bound: how many first segments had each length (index = tokens).
         self._lengths: dict[int, np.ndarray] = {}
+        # `length_quantiles` per bound, until a first segment of that bound is next measured
+        # (asked for every arrival class at every pass; measured far less often).
+        self._quantiles: dict[int, np.ndarray] = {}
 
     def observe(self, running: Sequence[RunningGen]) -> None:
         still = {g.key: (g.skill_set, g.bound_tokens, g.tokens_this_run) for g in running
@@ -67,6 +70,7 @@ class FirstSegmentMeans:
                     self._count[group] = self._count.get(group, 0) + 1
                 counts = self._lengths.setdefault(bound, np.zeros(max(1, bound) + 1))
                 counts[min(max(1, tokens), len(counts) - 1)] += 1
+                self._quantiles.pop(bound, None)
         self._watching = still
 
     def _mean(self, group, bound: int) -> float:
@@ -82,8 +86,16 @@ class FirstSegmentMeans:
         """`quantiles` equally likely first-segment lengths for segments of `bound` tokens (the
         measured distribution's quantiles at the midpoints of as many equal bins); the bound
         itself before any was measured."""
+        bound = int(bound)
+        known = self._quantiles.get(bound)
+        if known is None:
+            known = self._quantiles[bound] = self._measured_quantiles(bound)
+            known.setflags(write=False)
+        return known
+
+    def _measured_quantiles(self, bound: int) -> np.ndarray:
         n = self.quantiles
-        counts = self._lengths.get(int(bound))
+        counts = self._lengths.get(bound)
         if counts is None or not counts.sum():
             return np.full(n, float(max(1, bound)))
         cdf = np.cumsum(counts) / counts.sum()
