@@ -22,8 +22,9 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -m "not ros and not vllm"
 
-# Every figure of the simulated bench, whole workloads, against the numbers recorded before the
-# redesign (a few minutes; `make test` checks a prefix of each workload).
+# Every figure of the simulated bench, whole workloads, against the golden records: the paper's
+# comparison recorded before the redesign, and the planner's default policy and baselines on
+# issue 22's loads (a few minutes; `make test` checks a prefix of each workload).
 golden: setup
 	$(PY) tools/golden_bench.py check --full
 

@@ -3,11 +3,22 @@
 The simulated bench runs in virtual time and is deterministic, so a refactor that keeps the
 behaviour keeps every figure of `timelyllm bench --json` bit for bit (wall-clock fields aside).
 
-    python tools/golden_bench.py record [--full]   write test/golden/bench-{quick,full}.json
-    python tools/golden_bench.py check [--full]    rerun and list every figure that differs
+    python tools/golden_bench.py record [--full] [--set paper|planner]   write test/golden/
+    python tools/golden_bench.py check [--full] [--set paper|planner]    rerun, list what differs
+
+Two sets, each in its own file (both by default):
+- `paper` (test/golden/bench-{quick,full}.json): WID1-3 and each seed paper's workload under
+  every policy of the paper's comparison, in the paper's configuration (`--paper-config`),
+  recorded before the redesign of issue 10;
+- `planner` (test/golden/planner-{quick,full}.json): the planner's default policy
+  (`timelyllm-pred`), the previous default and the two vLLM baselines, in the bench's default
+  configuration, on issue 22's overload, the fleet with per-task contexts and a KV-limited
+  profile: the policies the paper set does not cover, on the loads where their rules act
+  (arrival pricing, yields, preserved pauses, KV holds). Recorded on 1 December 2026 at
+  8764ac6, whose default replays issue 22's overload exactly as every commit since b0fe693.
 
 `quick` (checked by `make test`) replays a prefix of each workload; `full` (`make golden`) the
-whole of WID1-3 and of each seed paper's workload. Both run every policy of the comparison.
+whole of each.
 """
 
 from __future__ import annotations
@@ -20,7 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 GOLDEN_DIR = Path(__file__).resolve().parents[1] / "test" / "golden"
 
@@ -52,6 +63,39 @@ RUNS: dict[str, list[tuple[str, list[str]]]] = {
     ],
 }
 
+PLANNER_POLICIES = ("vllm-stream", "vllm-priority", "timelyllm-wc", "timelyllm-pred")
+
+_A10 = ["--profile", str(Path(__file__).resolve().parents[1] / "config" / "engine_profiles"
+                         / "llama3-8b-a10.yaml")]
+PLANNER_RUNS: dict[str, list[tuple[str, list[str]]]] = {
+    "quick": [
+        ("mixed-overload", ["--workload", "mixed-overload", "--duration-s", "40"]),
+        ("mixed-fleet-long", ["--workload", "mixed-fleet-long", "--duration-s", "60"]),
+        ("mixed-fleet-long@a10", ["--workload", "mixed-fleet-long", "--duration-s", "60", *_A10]),
+    ],
+    "full": [
+        ("mixed-overload", ["--workload", "mixed-overload"]),
+        ("mixed-fleet-long", ["--workload", "mixed-fleet-long"]),
+        ("mixed-fleet-long@a10", ["--workload", "mixed-fleet-long", *_A10]),
+    ],
+}
+
+
+class GoldenSet(NamedTuple):
+    """A golden record: which runs, under which policies and configuration, in which file."""
+
+    stem: str
+    policies: tuple[str, ...]
+    config_args: tuple[str, ...]
+    runs: dict[str, list[tuple[str, list[str]]]]
+
+
+SETS = {
+    # Recorded before the modern configuration became the default: the paper's.
+    "paper": GoldenSet("bench", POLICIES, ("--paper-config",), RUNS),
+    "planner": GoldenSet("planner", PLANNER_POLICIES, (), PLANNER_RUNS),
+}
+
 # Measured in wall-clock time: they differ between any two runs.
 WALL_CLOCK_KEYS = frozenset({"scheduling_overhead_ms", "wall_s"})
 
@@ -72,20 +116,21 @@ def strip_wall_clock(doc: Any) -> Any:
     return doc
 
 
-def golden_path(kind: str) -> Path:
-    return GOLDEN_DIR / f"bench-{kind}.json"
+def golden_path(kind: str, golden_set: str = "paper") -> Path:
+    return GOLDEN_DIR / f"{SETS[golden_set].stem}-{kind}.json"
 
 
-def run_bench(args: list[str]) -> dict[str, Any]:
-    """One `timelyllm bench` run through its command-line entry point, as its JSON."""
+def run_bench(args: list[str], golden_set: str = "paper") -> dict[str, Any]:
+    """One `timelyllm bench` run of `golden_set`'s policies and configuration through the
+    command-line entry point, as its JSON."""
     # The installed `timelyllm` command, wherever the package keeps it.
     from importlib.metadata import entry_points
     cli_main = entry_points(group="console_scripts")["timelyllm"].load()
+    chosen = SETS[golden_set]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bench.json"
-        # Recorded before the modern configuration became the default: the paper's.
-        argv = ["bench", *args, "--paper-config", "--policies", ",".join(POLICIES), "--no-progress",
-                "--json", str(out)]
+        argv = ["bench", *args, *chosen.config_args, "--policies", ",".join(chosen.policies),
+                "--no-progress", "--json", str(out)]
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             status = cli_main(argv)
         if status != 0:
@@ -93,13 +138,13 @@ def run_bench(args: list[str]) -> dict[str, Any]:
         return strip_wall_clock(json.loads(out.read_text(encoding="utf-8")))
 
 
-def run_all(kind: str, verbose: bool = True) -> dict[str, Any]:
+def run_all(kind: str, golden_set: str = "paper", verbose: bool = True) -> dict[str, Any]:
     out = {}
-    for label, args in RUNS[kind]:
+    for label, args in SETS[golden_set].runs[kind]:
         started = time.perf_counter()
-        out[label] = run_bench(args)
+        out[label] = run_bench(args, golden_set)
         if verbose:
-            print(f"{label}: {time.perf_counter() - started:.1f} s", file=sys.stderr)
+            print(f"{golden_set} {label}: {time.perf_counter() - started:.1f} s", file=sys.stderr)
     return out
 
 
@@ -125,20 +170,25 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("action", choices=("record", "check"))
     p.add_argument("--full", action="store_true", help="whole workloads (minutes)")
+    p.add_argument("--set", choices=sorted(SETS), action="append", dest="sets",
+                   help="which golden record (repeatable; default: all)")
     args = p.parse_args(argv)
     kind = "full" if args.full else "quick"
-    doc = run_all(kind)
-    path = golden_path(kind)
-    if args.action == "record":
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-        print(f"wrote {path}", file=sys.stderr)
-        return 0
-    diff = list(differences(json.loads(path.read_text(encoding="utf-8")), doc))
-    for line in diff[:50]:
-        print(line)
-    print(f"{len(diff)} figures differ from {path}", file=sys.stderr)
-    return 1 if diff else 0
+    status = 0
+    for golden_set in args.sets or sorted(SETS):
+        doc = run_all(kind, golden_set)
+        path = golden_path(kind, golden_set)
+        if args.action == "record":
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+            print(f"wrote {path}", file=sys.stderr)
+            continue
+        diff = list(differences(json.loads(path.read_text(encoding="utf-8")), doc))
+        for line in diff[:50]:
+            print(line)
+        print(f"{len(diff)} figures differ from {path}", file=sys.stderr)
+        status = status or (1 if diff else 0)
+    return status
 
 
 if __name__ == "__main__":
