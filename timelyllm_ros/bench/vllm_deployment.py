@@ -155,9 +155,8 @@ class ServerProcess:
         """SIGKILL to the server and its children (its engine core), as a crash would; returns
         once none of them is left."""
         if self.proc is not None:
-            self._signal(signal.SIGKILL)
-            self.proc.wait(30)
             kill_group(self.proc.pid)
+            self.proc.wait(30)
 
     def stop(self) -> None:
         """SIGTERM to the group (the server shuts its engine core down), then SIGKILL to
@@ -170,9 +169,8 @@ class ServerProcess:
                 self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 pass
-        self._signal(signal.SIGKILL)
+        kill_group(self.proc.pid)  # whatever is left: the engine core may outlive the server
         self.proc.wait(30)
-        kill_group(self.proc.pid)  # the engine core may outlive the server by a moment
 
 
 @dataclass

@@ -91,11 +91,7 @@ class VllmEngine(VllmOutputs, WallClockIdle, PauselessEngine):
             # a child process holding the model and KV cache, which would otherwise live until
             # the garbage collector or the interpreter's exit (a planner retrying its configure
             # would gather one per try).
-            engine, self._engine = self._engine, None
-            try:
-                engine.engine_core.shutdown()
-            except Exception:  # noqa: BLE001 - the caller's error is the one to see
-                pass
+            self._shut_engine_down()
             raise
         self._runs: dict[str, Run] = {}       # run id -> run (running, parked or suspended)
         self._by_key: dict[str, Run] = {}     # vLLM external id -> run
@@ -347,6 +343,10 @@ class VllmEngine(VllmOutputs, WallClockIdle, PauselessEngine):
     def shutdown(self) -> None:
         for request_id in list(self._runs):
             self.abort_request(request_id)
+        self._shut_engine_down()
+
+    def _shut_engine_down(self) -> None:
+        """Shut vLLM's engine (and its engine-core process, if it has one) down, once."""
         engine, self._engine = self._engine, None
         if engine is not None:
             try:
