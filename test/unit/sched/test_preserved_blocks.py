@@ -75,3 +75,26 @@ def test_held_at_gives_the_candidates_positions_from_the_paused_ones():
     with pytest.raises(RuntimeError, match="without the candidates' positions"):
         PreservedBlocks(paused, blocks_of).held_at()
     assert PreservedBlocks.empty().held_at() == [] and not PreservedBlocks.empty()
+
+
+def test_held_at_from_one_read_of_every_pause_gives_the_same_and_asks_no_key():
+    held = {"a": 3, "b": 0, "c": 5, "d": 7}
+    asked, bulk = [], []
+
+    def blocks_of(key):
+        asked.append(key)
+        return held[key]
+
+    def all_blocks():
+        bulk.append(1)
+        return {key: value for key, value in held.items() if value}
+    paused = {key: ("rid-" + key, "preserve") for key in held}
+    positions = {"a": 4, "b": 0, "c": 1}
+    blocks = PreservedBlocks(paused, blocks_of, positions.get, all_blocks)
+    assert blocks.held_at() == [(1, 5), (4, 3)] and bulk == [1] and asked == []
+    # The walk then reads the pass's values without asking again; after a change, the engine.
+    assert blocks["c"] == 5 and "b" not in blocks and blocks.current("d") == 7 and asked == []
+    blocks.seal()
+    held["c"] = 0
+    assert blocks["c"] == 5 and blocks.current("c") == 0 and asked == ["c"]
+    assert dict(blocks) == {"a": 3, "c": 5, "d": 7} and bulk == [1]

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from timelyllm_ros.core.engine.cost_model import EngineProfile
-from timelyllm_ros.core.sched.step_model import FEATURES, StepTimeModel
+from timelyllm_ros.core.sched.step_model import (FEATURES, PINV_RCOND, StepTimeModel,
+                                                   _pseudo_inverse)
 
 PROFILE = EngineProfile()
 # A different engine: slower per sequence and per context token, dearer prefill.
@@ -95,3 +96,15 @@ def test_idle_steps_teach_nothing_and_bad_input_is_named():
         StepTimeModel(PROFILE, prior_steps=0)
     with pytest.raises(ValueError, match="memory_steps"):
         StepTimeModel(PROFILE, memory_steps=0.5)
+
+
+def test_the_solve_is_numpys_hermitian_pinv_bit_for_bit():
+    # The decision must not move when the solve is made cheaper: the same numbers, not close.
+    rng = np.random.default_rng(7)
+    for trial in range(300):
+        x = rng.normal(size=(int(rng.integers(1, 12)), 5)) * 10.0 ** rng.uniform(-4, 4, size=5)
+        if trial % 3 == 0:
+            x[:, int(rng.integers(5))] = 0.0  # a direction no step has moved
+        evidence = x.T @ x
+        expected = np.linalg.pinv(evidence, rcond=PINV_RCOND, hermitian=True)
+        assert np.array_equal(_pseudo_inverse(evidence), expected)

@@ -201,7 +201,8 @@ class AdmissionStep:
         replica_for = state.engine.replica_for
         # Read when first asked, and by the walk until it changes the engine (preserved_blocks.py).
         preserved = PreservedBlocks(paused, self.inputs.preserved_blocks_of,
-                                    self.inputs.positions_in(view, rows))
+                                    self.inputs.positions_in(view, rows),
+                                    self.inputs.preserved_blocks_all)
         rooms = placed = None
         if admission.reads_replicas:
             rooms = state.engine.replica_rooms()

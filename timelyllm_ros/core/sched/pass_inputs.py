@@ -125,6 +125,19 @@ class PassInputs:
         context = context_of(self.state.tasks[task_id])
         return max(0, context - 1) // self.state.context.kv_block_size
 
+    def preserved_blocks_all(self) -> dict[str, int]:
+        """`preserved_blocks_of` of every paused generation at once, those holding none left
+        out: the same tests in one loop (a pass reads them all, dozens in overload)."""
+        handling_of = self.state.engine.paused_handling
+        tasks, block_size = self.state.tasks, self.state.context.kv_block_size
+        out = {}
+        for task_id, (request_id, handling) in self.state.paused.items():
+            if handling == PRESERVE and handling_of(request_id) == PRESERVE:
+                blocks = max(0, context_of(tasks[task_id]) - 1) // block_size
+                if blocks:
+                    out[task_id] = blocks
+        return out
+
     def _still_preserved(self, task_id: str) -> bool:
         paused = self.state.paused.get(task_id)
         return (paused is not None and paused[1] == PRESERVE

@@ -19,13 +19,17 @@ class PreservedBlocks(Mapping[str, int]):
     of one admission pass (`AdmissionPass.preserved_blocks`), computed on first read."""
 
     def __init__(self, paused: Mapping[str, object], blocks_of: Callable[[str], int],
-                 position_of: Callable[[str], int | None] | None = None):
+                 position_of: Callable[[str], int | None] | None = None,
+                 all_blocks: Callable[[], Mapping[str, int]] | None = None):
         """`paused`: the paused generations by key; `blocks_of(key)`: what its pause holds
         now; `position_of(key)`: where the key is among the pass's candidates
-        (`AdmissionPass.keys`), None where it is not one (for `held_at`)."""
+        (`AdmissionPass.keys`), None where it is not one (for `held_at`); `all_blocks()`: the
+        same as `blocks_of` for every paused key at once, keys holding none left out (for
+        `held_at`, which reads them all: one loop instead of a call per pause)."""
         self._paused = paused
         self._blocks_of = blocks_of
         self._position_of = position_of
+        self._all_blocks = all_blocks
         self._known: dict[str, int] = {}
         self._sealed = False
 
@@ -74,6 +78,9 @@ class PreservedBlocks(Mapping[str, int]):
             raise RuntimeError("held_at: read it in begin_pass; the pass has since changed "
                                "the engine's paused generations")
         out = []
+        if self._all_blocks is not None and not self._known:
+            holding = self._all_blocks()
+            self._known = {key: holding.get(key, 0) for key in self._paused}
         for key in self._paused:
             value = self._value(key)  # (most pauses hold none: asked first)
             if value:
