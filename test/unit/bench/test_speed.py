@@ -60,3 +60,34 @@ def test_main_takes_the_default_alias_and_prints_the_ratio(capsys):
     assert ", cpu " in out[4]
     with pytest.raises(SystemExit):
         speed.main(["--policies", "vllm-stream,nonesuch"])
+
+
+def test_repeats_interleave_the_policies_and_summarise_median_and_fastest(capsys):
+    rows = speed.measure("mixed-overload", ("vllm-stream", "timelyllm"), ("modern",), 1.0,
+                         repeats=3)
+    # Every other round reversed, so drift in the machine's speed weighs on both alike.
+    assert [(r.round, r.policy) for r in rows] == [
+        (0, "vllm-stream"), (0, "timelyllm"), (1, "timelyllm"), (1, "vllm-stream"),
+        (2, "vllm-stream"), (2, "timelyllm")]
+    assert len({(r.tasks, r.steps) for r in rows if r.policy == "timelyllm"}) == 1
+    with pytest.raises(ValueError, match="repeats"):
+        speed.measure(repeats=0)
+    fake = [speed.SpeedRow("modern", "a", 1, 1.0, 1, w, c, k)
+            for k, (w, c) in enumerate([(3.0, 2.0), (1.0, 4.0), (2.0, 3.0)])] + \
+           [speed.SpeedRow("modern", "b", 1, 1.0, 1, 6.0, c, k) for k, c in enumerate([5.0, 3.0, 9.0])]
+    a, b = speed.summarise_repeats(fake)
+    assert (a.policy, a.rounds, a.median_cpu_s, a.fastest_cpu_s, a.median_wall_s,
+            a.fastest_wall_s) == ("a", 3, 3.0, 2.0, 2.0, 1.0)
+    assert (b.median_cpu_s, b.fastest_cpu_s) == (5.0, 3.0)
+    assert speed.repeat_ratios([a, b]) == [("modern", "b", "a", 5.0 / 3.0, 1.5)]
+    assert speed.main(["--workload", "mixed-overload", "--duration-s", "1", "--policies",
+                       "vllm-stream,timelyllm", "--config", "modern", "--repeats", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[1] for line in out[2:6]] == ["vllm-stream", "timelyllm", "timelyllm",
+                                                      "vllm-stream"]
+    assert out[6].startswith("round 1: modern   timelyllm / vllm-stream: wall ")
+    assert out[7].startswith("round 2: modern   timelyllm / vllm-stream: wall ")  # (ran second)
+    assert out[8].startswith("modern   vllm-stream      2 rounds: cpu_s median ")
+    assert out[-1].startswith("modern   timelyllm / vllm-stream over 2 rounds: cpu median ")
+    with pytest.raises(SystemExit):
+        speed.main(["--repeats", "0"])
