@@ -38,7 +38,9 @@ class TaskSpec:
         return self.urgency == "urgent"
 
 
-@dataclass
+# Slots: a robot's report re-estimates every segment queued on it (hundreds in overload,
+# core/sched/robot_timeline.py), so these attributes are written more than any other.
+@dataclass(slots=True)
 class SegmentRecord:
     sequence: int
     text: str
