@@ -36,7 +36,7 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -126,14 +126,7 @@ def summarise_repeats(rows: Sequence[SpeedRow]) -> list[RepeatSummary]:
 def repeat_ratios(summaries: Sequence[RepeatSummary]) -> list[tuple[str, str, str, float, float]]:
     """(config, policy, reference policy, median CPU s / reference's, fastest CPU s /
     reference's) for every policy after the first of each configuration."""
-    out = []
-    first: dict[str, RepeatSummary] = {}
-    for s in summaries:
-        ref = first.setdefault(s.config, s)
-        if ref is not s:
-            out.append((s.config, s.policy, ref.policy, _ratio(s.median_cpu_s, ref.median_cpu_s),
-                        _ratio(s.fastest_cpu_s, ref.fastest_cpu_s)))
-    return out
+    return _ratios_to_first(summaries, lambda s: s.median_cpu_s, lambda s: s.fastest_cpu_s)
 
 
 HEADER = (f"{'config':<8} {'policy':<16} {'tasks':>6} {'clock_s':>8} {'steps':>7} "
@@ -155,13 +148,20 @@ def wall_ratios(rows: Sequence[SpeedRow]) -> list[tuple[str, str, str, float, fl
     """(config, policy, reference policy, wall s / reference's, CPU s / reference's) for every
     policy after the first of each configuration, the first being the reference: ratios
     within one run."""
+    return _ratios_to_first(rows, lambda r: r.wall_s, lambda r: r.cpu_s)
+
+
+def _ratios_to_first(items, first_figure, second_figure) -> list[tuple[str, str, str, float, float]]:
+    """(config, policy, reference policy, each figure / the reference's) for every item after
+    the first of its configuration (items: rows or summaries, with `config` and `policy`)."""
     out = []
-    first: dict[str, SpeedRow] = {}
-    for row in rows:
-        ref = first.setdefault(row.config, row)
-        if ref is not row:
-            out.append((row.config, row.policy, ref.policy, _ratio(row.wall_s, ref.wall_s),
-                        _ratio(row.cpu_s, ref.cpu_s)))
+    first: dict[str, Any] = {}
+    for item in items:
+        ref = first.setdefault(item.config, item)
+        if ref is not item:
+            out.append((item.config, item.policy, ref.policy,
+                        _ratio(first_figure(item), first_figure(ref)),
+                        _ratio(second_figure(item), second_figure(ref))))
     return out
 
 
