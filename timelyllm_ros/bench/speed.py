@@ -151,7 +151,8 @@ def wall_ratios(rows: Sequence[SpeedRow]) -> list[tuple[str, str, str, float, fl
     return _ratios_to_first(rows, lambda r: r.wall_s, lambda r: r.cpu_s)
 
 
-def _ratios_to_first(items, first_figure, second_figure) -> list[tuple[str, str, str, float, float]]:
+def _ratios_to_first(items, first_figure,
+                     second_figure) -> list[tuple[str, str, str, float, float]]:
     """(config, policy, reference policy, each figure / the reference's) for every item after
     the first of its configuration (items: rows or summaries, with `config` and `policy`)."""
     out = []

@@ -74,7 +74,8 @@ def test_repeats_interleave_the_policies_and_summarise_median_and_fastest(capsys
         speed.measure(repeats=0)
     fake = [speed.SpeedRow("modern", "a", 1, 1.0, 1, w, c, k)
             for k, (w, c) in enumerate([(3.0, 2.0), (1.0, 4.0), (2.0, 3.0)])] + \
-           [speed.SpeedRow("modern", "b", 1, 1.0, 1, 6.0, c, k) for k, c in enumerate([5.0, 3.0, 9.0])]
+           [speed.SpeedRow("modern", "b", 1, 1.0, 1, 6.0, c, k)
+            for k, c in enumerate([5.0, 3.0, 9.0])]
     a, b = speed.summarise_repeats(fake)
     assert (a.policy, a.rounds, a.median_cpu_s, a.fastest_cpu_s, a.median_wall_s,
             a.fastest_wall_s) == ("a", 3, 3.0, 2.0, 2.0, 1.0)
