@@ -1,0 +1,154 @@
+"""Where a family member's responses lose utility against the alone bound: in the wait to be
+admitted, or in the service after it.
+
+    python -m timelyllm_ros.bench.response_split --family-seed 1 --member 31
+    python -m timelyllm_ros.bench.response_split --family-seed 1 --member 31 --task-type drone-urgent
+
+The alone bound (bench/bound.py) serves each task's first segment on an idle, warm engine from
+the moment it arrives. A replayed response is two parts: the wait until the task's generation
+is admitted (the start of its first generation span) and the service from there to the robot.
+Per task this prints both parts, the alone bound's response, and the task's utility at three
+times: the alone bound; the alone bound plus the wait, as if the service after admission were
+as fast as alone; and the response. A loss against the alone bound thus splits into what the
+wait cost and what the service cost.
+
+The wait has a floor that no admission decision removes: a task that arrives while a step is
+in flight is admitted when that step ends, at the earliest. On an engine whose steps are tens of
+milliseconds (a decode step on the A10 profile takes about 36 ms) and whose fixed cost per
+step dominates, that wait can cost an urgent task (ERT 0.2 s) more than everything that shares
+its steps afterwards. The alone bound does not count it. Only an engine left idle in
+anticipation of an arrival would avoid it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass, replace
+from typing import Mapping, Sequence
+
+from timelyllm_ros.bench.config import BenchConfig
+
+DEFAULT_POLICIES = "timelyllm-pred,vllm-stream"
+
+
+@dataclass(frozen=True)
+class ResponseSplit:
+    """One task's response against its alone bound (module docstring); seconds from arrival."""
+
+    task_id: str
+    task_type: str
+    wait_s: float       # arrival until its generation was admitted
+    service_s: float    # admission until the response
+    alone_s: float      # the alone bound's response
+    utility_alone: float
+    utility_after_wait: float  # at alone_s + wait_s
+    utility: float      # at the response
+
+    @property
+    def lost_to_wait(self) -> float:
+        return self.utility_alone - self.utility_after_wait
+
+    @property
+    def lost_to_service(self) -> float:
+        return self.utility_after_wait - self.utility
+
+
+def split_responses(tasks: Sequence, alone: Mapping[str, object]) -> list[ResponseSplit]:
+    """A `ResponseSplit` per task of `tasks` (`TaskResult`s) that got a response, has a TUF and
+    was admitted; `alone`: task id -> its bound (`BoundTask`, `alone_response_time_s`)."""
+    out = []
+    for task in tasks:
+        bound = alone.get(task.task_id)
+        if bound is None or task.tuf is None or not task.generation_spans \
+                or not math.isfinite(task.response_time_s):
+            continue
+        wait = task.generation_spans[0][0] - task.arrival_s
+        alone_s = bound.alone_response_time_s
+        out.append(ResponseSplit(task.task_id, task.task_type, wait,
+                                 task.response_time_s - wait, alone_s,
+                                 float(task.tuf.utility(alone_s)),
+                                 float(task.tuf.utility(alone_s + wait)),
+                                 float(task.tuf.utility(task.response_time_s))))
+    return out
+
+
+def by_type(splits: Sequence[ResponseSplit]) -> dict[str, tuple[int, float, float]]:
+    """Task type -> (tasks, summed utility lost to the wait, lost to the service)."""
+    out: dict[str, tuple[int, float, float]] = {}
+    for s in splits:
+        n, wait, service = out.get(s.task_type, (0, 0.0, 0.0))
+        out[s.task_type] = (n + 1, wait + s.lost_to_wait, service + s.lost_to_service)
+    return out
+
+
+def format_report(policy: str, splits: Sequence[ResponseSplit], member_tasks: int,
+                  task_type: str | None) -> list[str]:
+    lines = [f"{policy}: utility lost against the alone bound, summed (and as a share of the "
+             f"member's mean over its {member_tasks} tasks)"]
+    total_wait = total_service = 0.0
+    for kind, (n, wait, service) in sorted(by_type(splits).items()):
+        total_wait += wait
+        total_service += service
+        lines.append(f"  {kind:20s} {n:4d} tasks: wait {wait:7.3f} ({wait / member_tasks:.4f}), "
+                     f"service {service:7.3f} ({service / member_tasks:.4f})")
+    lines.append(f"  {'all':20s} {len(splits):4d} tasks: wait {total_wait:7.3f} "
+                 f"({total_wait / member_tasks:.4f}), service {total_service:7.3f} "
+                 f"({total_service / member_tasks:.4f})")
+    if task_type is not None:
+        lines.append(f"  {task_type}, per task (ms; utility at the alone bound, after the wait, "
+                     f"at the response):")
+        for s in splits:
+            if s.task_type == task_type:
+                lines.append(
+                    f"    {s.task_id}: wait {s.wait_s * 1e3:6.1f}, service {s.service_s * 1e3:7.1f}"
+                    f", alone {s.alone_s * 1e3:7.1f}; utility {s.utility_alone:.3f} / "
+                    f"{s.utility_after_wait:.3f} / {s.utility:.3f}")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from timelyllm_ros.bench.bound import upper_bound
+    from timelyllm_ros.bench.family import draw_member
+    from timelyllm_ros.bench.policies import PolicyListError, parse_policy_list
+    from timelyllm_ros.bench.replay import run_policies
+    from timelyllm_ros.lrtrace.workload import compose
+
+    ap = argparse.ArgumentParser(prog="python -m timelyllm_ros.bench.response_split",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--family-seed", type=int, default=1)
+    ap.add_argument("--member", type=int, required=True)
+    ap.add_argument("--policies", default=DEFAULT_POLICIES,
+                    help=f"comma-separated ('default' = the planner's default; default: "
+                         f"{DEFAULT_POLICIES})")
+    ap.add_argument("--task-type", default=None,
+                    help="also list every task of this type (e.g. drone-urgent)")
+    args = ap.parse_args(argv)
+    if args.member < 0:
+        ap.error(f"--member: must be >= 0, got {args.member}")
+    try:
+        policies = parse_policy_list(args.policies)
+    except PolicyListError as exc:
+        ap.error(f"--policies: {exc}")
+    member = draw_member(args.family_seed, args.member)
+    events = compose(member.workload)
+    config = replace(BenchConfig(), profile=member.profile)  # as the family's replays
+    alone = {b.task_id: b for b in upper_bound(events, member.workload, config)}
+    runs = run_policies(events, policies, member.workload, config)
+    n = sum(len(e.tasks) for e in events)
+    types = sorted({b.task_type for b in alone.values()})
+    if args.task_type is not None and args.task_type not in types:
+        ap.error(f"--task-type: member {args.member} has no {args.task_type!r} task; its "
+                 f"types: {', '.join(types)}")
+    p = member.params
+    print(f"family {args.family_seed} member {args.member}: {p.mix} on {p.profile}, load "
+          f"{p.load:.3f} x capacity, {len(events)} events, {n} tasks")
+    for policy, run in runs.items():
+        print("\n".join(format_report(policy, split_responses(run.tasks, alone), n,
+                                      args.task_type)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
