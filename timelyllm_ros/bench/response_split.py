@@ -3,6 +3,7 @@ admitted, or in the service after it.
 
     python -m timelyllm_ros.bench.response_split --family-seed 1 --member 31
     python -m timelyllm_ros.bench.response_split --family-seed 1 --member 31 --task-type drone-urgent
+    python -m timelyllm_ros.bench.response_split --family-seed 1 --members 0-39 --policies default
 
 The alone bound (bench/bound.py) serves each task's first segment on an idle, warm engine from
 the moment it arrives. A replayed response is two parts: the wait until the task's generation
@@ -11,6 +12,9 @@ Per task this prints both parts, the alone bound's response, and the task's util
 times: the alone bound; the alone bound plus the wait, as if the service after admission were
 as fast as alone; and the response. A loss against the alone bound thus splits into what the
 wait cost and what the service cost.
+
+With `--members` (a list such as `1,6,31` or a range such as `0-39`), one line per member and
+policy instead: the loss as a share of the member's mean utility, split the same way.
 
 The wait has a floor that no admission decision removes: a task that arrives while a step is
 in flight is admitted when that step ends, at the earliest. On an engine whose steps are tens of
@@ -108,6 +112,32 @@ def format_report(policy: str, splits: Sequence[ResponseSplit], member_tasks: in
     return lines
 
 
+def parse_members(text: str) -> list[int]:
+    """`1,6,31` or `0-39` (or both, `0-3,31`) -> member indices, in order, each once."""
+    out: list[int] = []
+    for part in text.split(","):
+        part = part.strip()
+        lo, dash, hi = part.partition("-")
+        try:
+            span = range(int(lo), int(hi) + 1) if dash else [int(part)]
+        except ValueError:
+            raise ValueError(f"{part!r} is not a member number or a range a-b") from None
+        if not len(span):
+            raise ValueError(f"{part!r} is an empty range")
+        out.extend(k for k in span if k not in out)
+    return out
+
+
+def summary_line(member: int, policy: str, splits: Sequence[ResponseSplit],
+                 member_tasks: int) -> str:
+    wait = sum(s.lost_to_wait for s in splits) / member_tasks
+    service = sum(s.lost_to_service for s in splits) / member_tasks
+    urgent = sum(s.lost_to_wait for s in splits if s.task_type == "drone-urgent") / member_tasks
+    return (f"member {member:3d} {policy}: {member_tasks:5d} tasks, {len(splits):5d} answered; "
+            f"lost {wait + service:.4f} of the mean: wait {wait:.4f} (urgent drones "
+            f"{urgent:.4f}), service {service:.4f}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from timelyllm_ros.bench.bound import upper_bound
     from timelyllm_ros.bench.family import draw_member
@@ -118,19 +148,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m timelyllm_ros.bench.response_split",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--family-seed", type=int, default=1)
-    ap.add_argument("--member", type=int, required=True)
+    which = ap.add_mutually_exclusive_group(required=True)
+    which.add_argument("--member", type=int)
+    which.add_argument("--members", default=None,
+                       help="several members, one line each: '1,6,31' or '0-39'")
     ap.add_argument("--policies", default=DEFAULT_POLICIES,
                     help=f"comma-separated ('default' = the planner's default; default: "
                          f"{DEFAULT_POLICIES})")
     ap.add_argument("--task-type", default=None,
                     help="also list every task of this type (e.g. drone-urgent)")
     args = ap.parse_args(argv)
-    if args.member < 0:
-        ap.error(f"--member: must be >= 0, got {args.member}")
+    try:
+        members = [args.member] if args.members is None else parse_members(args.members)
+    except ValueError as exc:
+        ap.error(f"--members: {exc}")
+    if min(members) < 0:
+        ap.error(f"--member: must be >= 0, got {min(members)}")
     try:
         policies = parse_policy_list(args.policies)
     except PolicyListError as exc:
         ap.error(f"--policies: {exc}")
+    if args.members is not None:
+        for k in members:
+            member = draw_member(args.family_seed, k)
+            events = compose(member.workload)
+            config = replace(BenchConfig(), profile=member.profile)
+            alone = {b.task_id: b for b in upper_bound(events, member.workload, config)}
+            n = sum(len(e.tasks) for e in events)
+            for policy, run in run_policies(events, policies, member.workload, config).items():
+                print(summary_line(k, policy, split_responses(run.tasks, alone), n), flush=True)
+        return 0
     member = draw_member(args.family_seed, args.member)
     events = compose(member.workload)
     config = replace(BenchConfig(), profile=member.profile)  # as the family's replays

@@ -51,3 +51,23 @@ def test_main_splits_a_family_member_and_names_a_bad_task_type(capsys):
     assert "--task-type: member 31 has no 'submarine' task" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         response_split.main(["--member", "-1"])
+
+
+def test_several_members_give_a_line_each():
+    assert response_split.parse_members("0-3,31,2") == [0, 1, 2, 3, 31]
+    for bad in ("x", "5-2", "1-"):
+        with pytest.raises(ValueError):
+            response_split.parse_members(bad)
+    a = response_split.ResponseSplit("a", "drone-urgent", 0.1, 0.25, 0.15, 2.0, 1.5, 0.5)
+    line = response_split.summary_line(7, "p", [a], 4)
+    assert line == ("member   7 p:     4 tasks,     1 answered; lost 0.3750 of the mean: wait "
+                    "0.1250 (urgent drones 0.1250), service 0.2500")
+
+
+def test_main_with_members_prints_one_line_per_member_and_policy(capsys):
+    assert response_split.main(["--members", "31,4", "--policies", "vllm-stream"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in out] == ["member  31 vllm-stream",
+                                                   "member   4 vllm-stream"]
+    with pytest.raises(SystemExit):
+        response_split.main(["--members", "3-1"])
