@@ -22,8 +22,10 @@ other round in reverse order (A B, B A, A B, ...), so that a machine that slows 
 up during the run (another tenant, a frequency change) weighs on every policy alike. It then
 prints each policy's median and fastest CPU seconds over the rounds and the ratios of both to
 the reference's. On a shared VM whose speed moves by a third from one minute to the next, a
-single pair of replays can put the ratio anywhere in that range; the fastest of several
-interleaved replays is the figure least disturbed by other jobs (they only ever add time).
+single pair of replays can put the ratio anywhere in that range. Each policy's fastest replay
+is its time least disturbed by other jobs (they only ever add time), but the ratio of two
+fastest replays rests on two single replays, and one lucky one moves it (docs/bench.md: 1.46
+against a median of 1.33 over five rounds). The median ratio is the steadier figure.
 
 Configurations: `modern` is `--prompt-tokens none --baseline-prefix-cache on` (the skill sets'
 own prompts, prefix caching for every policy); `paper` is the paper's configuration (2,884-token
