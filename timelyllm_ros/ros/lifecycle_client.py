@@ -20,6 +20,10 @@ TRANSITIONS = {
 }
 
 
+# How often an unanswered get_state is sent again (LifecycleClient.state).
+STATE_RESEND_S = 2.0
+
+
 class LifecycleError(RuntimeError):
     pass
 
@@ -46,8 +50,31 @@ class LifecycleClient:
         # An answer takes milliseconds; the timeout only catches a dead node. It is generous
         # because a node whose engine thread has just started (configure) on a loaded 2-core
         # machine was seen to answer after more than 5 s.
-        return _wait(self._get.call_async(GetState.Request()), timeout_s,
-                     f"{self.target}/get_state").current_state.label
+        # The request is sent again every STATE_RESEND_S while unanswered: a node restarted
+        # under the same name can look ready through its dead predecessor's endpoint before
+        # DDS has matched the new one, and a request sent then is lost, not queued. Asking a
+        # state twice is harmless; the first answer counts (CI saw a restarted planner's
+        # get_state go unanswered for 30 s while it was publishing its heartbeat).
+        deadline = time.monotonic() + timeout_s
+        pending = [self._get.call_async(GetState.Request())]
+        resend_at = time.monotonic() + STATE_RESEND_S
+        try:
+            while True:
+                for future in pending:
+                    if future.done():
+                        return future.result().current_state.label
+                now = time.monotonic()
+                if now >= deadline:
+                    raise LifecycleError(f"{self.target}/get_state: no answer within "
+                                         f"{timeout_s:.0f} s")
+                if now >= resend_at:
+                    pending.append(self._get.call_async(GetState.Request()))
+                    resend_at = now + STATE_RESEND_S
+                time.sleep(0.02)
+        finally:
+            for future in pending:  # (the client keeps unanswered requests until told)
+                if not future.done():
+                    self._get.remove_pending_request(future)
 
     def change(self, transition: str, timeout_s: float = 60.0) -> bool:
         """Trigger `transition`; True if the node took it (False: its callback failed)."""
