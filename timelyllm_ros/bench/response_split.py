@@ -138,12 +138,23 @@ def summary_line(member: int, policy: str, splits: Sequence[ResponseSplit],
             f"{urgent:.4f}), service {service:.4f}")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _member(family_seed: int, k: int):
+    """Family member `k`, as the family's replays see it: (member, events, config, alone
+    bound by task id, tasks)."""
     from timelyllm_ros.bench.bound import upper_bound
     from timelyllm_ros.bench.family import draw_member
+    from timelyllm_ros.lrtrace.workload import compose
+
+    member = draw_member(family_seed, k)
+    events = compose(member.workload)
+    config = replace(BenchConfig(), profile=member.profile)
+    alone = {b.task_id: b for b in upper_bound(events, member.workload, config)}
+    return member, events, config, alone, sum(len(e.tasks) for e in events)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     from timelyllm_ros.bench.policies import PolicyListError, parse_policy_list
     from timelyllm_ros.bench.replay import run_policies
-    from timelyllm_ros.lrtrace.workload import compose
 
     ap = argparse.ArgumentParser(prog="python -m timelyllm_ros.bench.response_split",
                                  description=__doc__.split("\n\n")[0])
@@ -170,20 +181,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"--policies: {exc}")
     if args.members is not None:
         for k in members:
-            member = draw_member(args.family_seed, k)
-            events = compose(member.workload)
-            config = replace(BenchConfig(), profile=member.profile)
-            alone = {b.task_id: b for b in upper_bound(events, member.workload, config)}
-            n = sum(len(e.tasks) for e in events)
+            member, events, config, alone, n = _member(args.family_seed, k)
             for policy, run in run_policies(events, policies, member.workload, config).items():
                 print(summary_line(k, policy, split_responses(run.tasks, alone), n), flush=True)
         return 0
-    member = draw_member(args.family_seed, args.member)
-    events = compose(member.workload)
-    config = replace(BenchConfig(), profile=member.profile)  # as the family's replays
-    alone = {b.task_id: b for b in upper_bound(events, member.workload, config)}
-    runs = run_policies(events, policies, member.workload, config)
-    n = sum(len(e.tasks) for e in events)
+    member, events, config, alone, n = _member(args.family_seed, args.member)
     types = sorted({b.task_type for b in alone.values()})
     if args.task_type is not None and args.task_type not in types:
         ap.error(f"--task-type: member {args.member} has no {args.task_type!r} task; its "
@@ -191,11 +193,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = member.params
     print(f"family {args.family_seed} member {args.member}: {p.mix} on {p.profile}, load "
           f"{p.load:.3f} x capacity, {len(events)} events, {n} tasks")
-    for policy, run in runs.items():
+    for policy, run in run_policies(events, policies, member.workload, config).items():
         print("\n".join(format_report(policy, split_responses(run.tasks, alone), n,
                                       args.task_type)))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -55,26 +55,8 @@ class LifecycleClient:
         # DDS has matched the new one, and a request sent then is lost, not queued. Asking a
         # state twice is harmless; the first answer counts (CI saw a restarted planner's
         # get_state go unanswered for 30 s while it was publishing its heartbeat).
-        deadline = time.monotonic() + timeout_s
-        pending = [self._get.call_async(GetState.Request())]
-        resend_at = time.monotonic() + STATE_RESEND_S
-        try:
-            while True:
-                for future in pending:
-                    if future.done():
-                        return future.result().current_state.label
-                now = time.monotonic()
-                if now >= deadline:
-                    raise LifecycleError(f"{self.target}/get_state: no answer within "
-                                         f"{timeout_s:.0f} s")
-                if now >= resend_at:
-                    pending.append(self._get.call_async(GetState.Request()))
-                    resend_at = now + STATE_RESEND_S
-                time.sleep(0.02)
-        finally:
-            for future in pending:  # (the client keeps unanswered requests until told)
-                if not future.done():
-                    self._get.remove_pending_request(future)
+        return _wait(self._get, GetState.Request, timeout_s, f"{self.target}/get_state",
+                     resend_s=STATE_RESEND_S).current_state.label
 
     def change(self, transition: str, timeout_s: float = 60.0) -> bool:
         """Trigger `transition`; True if the node took it (False: its callback failed)."""
@@ -82,7 +64,7 @@ class LifecycleClient:
             raise LifecycleError(f"transition: {transition!r} is not one of {', '.join(TRANSITIONS)}")
         request = ChangeState.Request()
         request.transition.id = TRANSITIONS[transition]
-        return bool(_wait(self._change.call_async(request), timeout_s,
+        return bool(_wait(self._change, lambda: request, timeout_s,
                           f"{self.target}/change_state {transition}").success)
 
     def drive_to_active(self, timeout_s: float = 900.0, alive=lambda: True) -> None:
@@ -103,10 +85,27 @@ class LifecycleClient:
             raise LifecycleError(f"{self.target}: ended in state {state!r}, not active")
 
 
-def _wait(future, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while not future.done():
-        if time.monotonic() >= deadline:
-            raise LifecycleError(f"{what}: no answer within {timeout_s:.0f} s")
-        time.sleep(0.02)
-    return future.result()
+def _wait(client, make_request, timeout_s: float, what: str, resend_s: float | None = None):
+    """Send `make_request()` on `client` and wait for the first answer; with `resend_s`, send
+    it again every `resend_s` while unanswered. Requests left unanswered are dropped from the
+    client (it keeps them until told)."""
+    now = time.monotonic()
+    deadline = now + timeout_s
+    resend_at = now + resend_s if resend_s is not None else float("inf")
+    pending = [client.call_async(make_request())]
+    try:
+        while True:
+            for future in pending:
+                if future.done():
+                    return future.result()
+            now = time.monotonic()
+            if now >= deadline:
+                raise LifecycleError(f"{what}: no answer within {timeout_s:.0f} s")
+            if now >= resend_at:
+                pending.append(client.call_async(make_request()))
+                resend_at = now + resend_s
+            time.sleep(0.02)
+    finally:
+        for future in pending:
+            if not future.done():
+                client.remove_pending_request(future)

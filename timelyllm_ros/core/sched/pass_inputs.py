@@ -115,33 +115,39 @@ class PassInputs:
         """Blocks a preserved pause of `task` still holds in the engine (its full blocks)."""
         if not self._still_preserved(task.task_id):
             return 0
-        return max(0, context - 1) // self.state.context.kv_block_size
+        return self._full_blocks(context)
 
     def preserved_blocks_of(self, task_id: str) -> int:
         """`preserved_blocks` of the task `task_id`, its context counted only when its pause
         is still preserved (a pass asks this of every paused generation)."""
         if not self._still_preserved(task_id):
             return 0
-        context = context_of(self.state.tasks[task_id])
-        return max(0, context - 1) // self.state.context.kv_block_size
+        return self._full_blocks(context_of(self.state.tasks[task_id]))
 
     def preserved_blocks_all(self) -> dict[str, int]:
         """`preserved_blocks_of` of every paused generation at once, those holding none left
-        out: the same tests in one loop (a pass reads them all, dozens in overload)."""
-        handling_of = self.state.engine.paused_handling
-        tasks, block_size = self.state.tasks, self.state.context.kv_block_size
+        out: one loop over the paused (a pass reads them all, dozens in overload)."""
+        tasks = self.state.tasks
         out = {}
-        for task_id, (request_id, handling) in self.state.paused.items():
-            if handling == PRESERVE and handling_of(request_id) == PRESERVE:
-                blocks = max(0, context_of(tasks[task_id]) - 1) // block_size
+        for task_id, paused in self.state.paused.items():
+            if self._is_preserved(paused):
+                blocks = self._full_blocks(context_of(tasks[task_id]))
                 if blocks:
                     out[task_id] = blocks
         return out
 
+    def _full_blocks(self, context: int) -> int:
+        # A preserved pause keeps its full blocks; the last, partial one is recomputed.
+        return max(0, context - 1) // self.state.context.kv_block_size
+
     def _still_preserved(self, task_id: str) -> bool:
         paused = self.state.paused.get(task_id)
-        return (paused is not None and paused[1] == PRESERVE
-                and self.state.engine.paused_handling(paused[0]) == PRESERVE)
+        return paused is not None and self._is_preserved(paused)
+
+    def _is_preserved(self, paused: tuple[str, str]) -> bool:
+        """(request id, handling asked for) of a paused generation: its pause is a preserve
+        and the engine has not revoked it."""
+        return paused[1] == PRESERVE and self.state.engine.paused_handling(paused[0]) == PRESERVE
 
 
 def next_run_id(task: TaskRecord) -> str:
