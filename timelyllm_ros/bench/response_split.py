@@ -21,12 +21,16 @@ in flight is admitted when that step ends, at the earliest. On an engine whose s
 milliseconds (a decode step on the A10 profile takes about 36 ms) and whose fixed cost per
 step dominates, that wait can cost an urgent task (ERT 0.2 s) more than everything that shares
 its steps afterwards. The alone bound does not count it. Only an engine left idle in
-anticipation of an arrival would avoid it.
+anticipation of an arrival would avoid it. So each report also says how much of the replay the
+engine was busy (the union of the generations' spans, from its first step to its last) and how
+many of the listed tasks arrived while it was: on an engine busy nearly all the time, nearly
+every arrival meets a step in flight, whatever the admission order.
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
 import math
 import sys
 from dataclasses import dataclass, replace
@@ -76,6 +80,41 @@ def split_responses(tasks: Sequence, alone: Mapping[str, object]) -> list[Respon
                                  float(task.tuf.utility(alone_s + wait)),
                                  float(task.tuf.utility(task.response_time_s))))
     return out
+
+
+def busy_intervals(tasks: Sequence) -> list[tuple[float, float]]:
+    """When the engine was busy: the union of every task's generation spans (a generation in
+    the engine means the engine steps), as disjoint (start, end) intervals in time order."""
+    out: list[tuple[float, float]] = []
+    for start, end in sorted(span for task in tasks for span in task.generation_spans):
+        if out and start <= out[-1][1]:
+            if end > out[-1][1]:
+                out[-1] = (out[-1][0], end)
+        else:
+            out.append((start, end))
+    return out
+
+
+def busy_during(intervals: Sequence[tuple[float, float]], t: float) -> bool:
+    """Whether `t` falls strictly inside one of `intervals` (`busy_intervals`)."""
+    k = bisect.bisect_right(intervals, (t, math.inf)) - 1
+    return k >= 0 and intervals[k][0] < t < intervals[k][1]
+
+
+def busy_line(tasks: Sequence, splits: Sequence[ResponseSplit], task_type: str | None) -> str:
+    """How much of the replay the engine was busy, and how many of `task_type`'s tasks (all,
+    if None) arrived while it was: each of those waited for the step in flight."""
+    intervals = busy_intervals(tasks)
+    if not intervals:
+        return "  engine never busy"
+    busy = sum(end - start for start, end in intervals)
+    first, last = intervals[0][0], intervals[-1][1]
+    arrival = {task.task_id: task.arrival_s for task in tasks}
+    chosen = [s for s in splits if task_type is None or s.task_type == task_type]
+    met = sum(busy_during(intervals, arrival[s.task_id]) for s in chosen)
+    return (f"  engine busy {busy:.2f} s of the {last - first:.2f} s from its first step to its "
+            f"last ({busy / (last - first):.1%}); {met} of {len(chosen)} "
+            f"{task_type or 'answered'} tasks arrived while it was busy")
 
 
 def by_type(splits: Sequence[ResponseSplit]) -> dict[str, tuple[int, float, float]]:
@@ -129,13 +168,21 @@ def parse_members(text: str) -> list[int]:
 
 
 def summary_line(member: int, policy: str, splits: Sequence[ResponseSplit],
-                 member_tasks: int) -> str:
+                 member_tasks: int, tasks: Sequence | None = None) -> str:
+    """One member's loss as a share of its mean; with its `tasks`, also the share of the time
+    from the engine's first step to its last that it was busy."""
     wait = sum(s.lost_to_wait for s in splits) / member_tasks
     service = sum(s.lost_to_service for s in splits) / member_tasks
     urgent = sum(s.lost_to_wait for s in splits if s.task_type == "drone-urgent") / member_tasks
-    return (f"member {member:3d} {policy}: {member_tasks:5d} tasks, {len(splits):5d} answered; "
+    line = (f"member {member:3d} {policy}: {member_tasks:5d} tasks, {len(splits):5d} answered; "
             f"lost {wait + service:.4f} of the mean: wait {wait:.4f} (urgent drones "
             f"{urgent:.4f}), service {service:.4f}")
+    intervals = busy_intervals(tasks) if tasks is not None else []
+    if intervals:
+        span = intervals[-1][1] - intervals[0][0]
+        busy = sum(end - start for start, end in intervals)
+        line += f"; engine busy {busy / span:.1%}" if span > 0 else ""
+    return line
 
 
 def _member(family_seed: int, k: int):
@@ -183,7 +230,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for k in members:
             member, events, config, alone, n = _member(args.family_seed, k)
             for policy, run in run_policies(events, policies, member.workload, config).items():
-                print(summary_line(k, policy, split_responses(run.tasks, alone), n), flush=True)
+                print(summary_line(k, policy, split_responses(run.tasks, alone), n, run.tasks),
+                      flush=True)
         return 0
     member, events, config, alone, n = _member(args.family_seed, args.member)
     types = sorted({b.task_type for b in alone.values()})
@@ -194,8 +242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"family {args.family_seed} member {args.member}: {p.mix} on {p.profile}, load "
           f"{p.load:.3f} x capacity, {len(events)} events, {n} tasks")
     for policy, run in run_policies(events, policies, member.workload, config).items():
-        print("\n".join(format_report(policy, split_responses(run.tasks, alone), n,
-                                      args.task_type)))
+        splits = split_responses(run.tasks, alone)
+        print("\n".join(format_report(policy, splits, n, args.task_type)))
+        print(busy_line(run.tasks, splits, args.task_type))
     return 0
 
 if __name__ == "__main__":

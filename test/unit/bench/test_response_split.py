@@ -39,6 +39,33 @@ def test_a_loss_splits_into_the_wait_and_the_service():
     assert lines[-2].strip().startswith("a: wait  100.0, service   250.0, alone   150.0")
 
 
+def test_the_engine_is_busy_over_the_union_of_the_generations_spans():
+    def spans(*pairs):
+        return SimpleNamespace(generation_spans=list(pairs))
+
+    tasks = [spans((0.0, 1.0), (3.0, 4.0)), spans((0.5, 2.0)), spans(), spans((1.5, 1.8)),
+             spans((2.0, 2.5))]  # touching at 2.0: one interval
+    intervals = response_split.busy_intervals(tasks)
+    assert intervals == [(0.0, 2.5), (3.0, 4.0)]
+    assert response_split.busy_during(intervals, 1.0)
+    assert not response_split.busy_during(intervals, 2.75)
+    assert not response_split.busy_during(intervals, 3.0)  # a step starts with the arrival
+    assert not response_split.busy_during(intervals, -1.0)
+    assert not response_split.busy_during(intervals, 5.0)
+    assert response_split.busy_intervals([spans()]) == []
+
+    # Two urgent tasks: one on an idle engine, one while the first one's generation runs.
+    alone = {k: SimpleNamespace(alone_response_time_s=0.15) for k in ("a", "b")}
+    a, b = _task("a", "urgent", 1.0, 1.0, 0.15), _task("b", "urgent", 1.5, 2.5, 1.15)
+    splits = response_split.split_responses([a, b], alone)
+    line = response_split.busy_line([a, b], splits, "urgent")
+    assert line == ("  engine busy 2.00 s of the 2.50 s from its first step to its last "
+                    "(80.0%); 1 of 2 urgent tasks arrived while it was busy")
+    assert response_split.busy_line([spans()], [], None) == "  engine never busy"
+    summary = response_split.summary_line(7, "p", splits, 2, [a, b])
+    assert summary.endswith("; engine busy 80.0%")
+
+
 def test_main_splits_a_family_member_and_names_a_bad_task_type(capsys):
     assert response_split.main(["--member", "31", "--policies", "vllm-stream",
                                 "--task-type", "drone-urgent"]) == 0
@@ -46,6 +73,8 @@ def test_main_splits_a_family_member_and_names_a_bad_task_type(capsys):
     assert out[0].startswith("family 1 member 31: fleet on llama3-8b-a10")
     assert out[1].startswith("vllm-stream: utility lost against the alone bound")
     assert sum(line.strip().startswith("t000") for line in out) == 5  # its urgent drones
+    assert out[-1].startswith("  engine busy ") and out[-1].endswith(
+        "drone-urgent tasks arrived while it was busy")
     with pytest.raises(SystemExit):
         response_split.main(["--member", "31", "--task-type", "submarine"])
     assert "--task-type: member 31 has no 'submarine' task" in capsys.readouterr().err
@@ -69,5 +98,6 @@ def test_main_with_members_prints_one_line_per_member_and_policy(capsys):
     out = capsys.readouterr().out.splitlines()
     assert [line.split(":")[0] for line in out] == ["member  31 vllm-stream",
                                                    "member   4 vllm-stream"]
+    assert all("; engine busy " in line for line in out)
     with pytest.raises(SystemExit):
         response_split.main(["--members", "3-1"])
