@@ -46,6 +46,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from timelyllm_ros.bench.bound_burst import (GROUPED_MAX_TASKS, best_assignment,
                                              completion_floors_s, grouped_responses,
                                              prefill_floors)
+from timelyllm_ros.bench.bound_sequenced import SEQUENCED_MAX_TASKS, sequenced_responses
 from timelyllm_ros.bench.config import BenchConfig
 from timelyllm_ros.bench.metrics import compute_metrics
 # The replay's own skill sets (padding included), so that the bound sees the prompts it served.
@@ -200,12 +201,16 @@ def _burst(profile: EngineProfile, latency_s: float, alone: list[BoundTask],
                                                 alone[i].first_segment_tokens)
                     for i, m in zip(served, floors)]
     responses = best_assignment(alone_floors, latency_s + slots, utilities)
-    if len(served) <= GROUPED_MAX_TASKS:  # both are upper bounds: the smaller sum is one too
-        grouped, grouped_utility = grouped_responses(
-            profile, latency_s, floors, [alone[i].prompt_tokens for i in served],
-            [alone[i].first_segment_tokens for i in served], alone_floors, utilities)
-        if grouped_utility < sum(u(r) for u, r in zip(utilities, responses)):
-            responses = grouped
+    # Each is an upper bound of the event's summed utility: the smallest is one too.
+    prompt_tokens = [alone[i].prompt_tokens for i in served]
+    segments = [alone[i].first_segment_tokens for i in served]
+    for limit, bound in ((GROUPED_MAX_TASKS, grouped_responses),
+                         (SEQUENCED_MAX_TASKS, sequenced_responses)):
+        if len(served) <= limit:
+            other, other_utility = bound(profile, latency_s, floors, prompt_tokens, segments,
+                                         alone_floors, utilities)
+            if other_utility < sum(u(r) for u, r in zip(utilities, responses)):
+                responses = other
     out = list(alone)
     for i, response, utility in zip(served, responses, utilities):
         out[i] = replace(alone[i], response_time_s=response, utility=float(utility(response)))

@@ -118,8 +118,10 @@ def test_a_node_limit_stops_the_search_and_says_so():
 
 
 def test_family_seed_1_member_39_event_0_the_figures_docs_family_md_quotes():
-    """Six drone tasks at once on the RTX 4090 profile: the burst bound 7.986, the best schedule
-    found 7.520 (two urgent prompts, then the third, then the normal ones)."""
+    """Six drone tasks at once on the RTX 4090 profile: the burst bound 7.557 (7.986 before the
+    sequenced bound), the best schedule found 7.520 (two urgent prompts, then the third, then the
+    normal ones); the relaxed search, on an engine that charges nothing per sequence or context
+    token, 7.597: above the bound, which charges each step a sequence."""
     from timelyllm_ros.bench.bound import upper_bound
     from timelyllm_ros.bench.burst_search import event_tasks
     from timelyllm_ros.bench.config import BenchConfig
@@ -134,5 +136,5 @@ def test_family_seed_1_member_39_event_0_the_figures_docs_family_md_quotes():
     bound = {b.task_id: b for b in upper_bound(events, member.workload, config)}
     found = search(burst)
     assert found.complete and found.utility == pytest.approx(7.520, abs=5e-4)
-    assert sum(bound[t.task_id].utility for t in burst.tasks) == pytest.approx(7.986, abs=5e-4)
+    assert sum(bound[t.task_id].utility for t in burst.tasks) == pytest.approx(7.557, abs=5e-4)
     assert search(relaxed(burst)).utility == pytest.approx(7.597, abs=5e-4)
