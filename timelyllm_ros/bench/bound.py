@@ -7,7 +7,13 @@ several tasks at once: no schedule serves them all alone, since their prompts sh
 steps; there the k-th first segment of the event cannot be out before the k smallest prompts
 are computed, and the bound assigns the event's tasks to those completion slots as well as any
 schedule could (an assignment problem); for small events it also groups the tasks by the step
-that completes their prompts and takes the smaller of the two. An event with one task keeps its alone bound; where an
+that completes their prompts, and searches the steps at which the prompts complete with the cost
+between those groups counted (bench/bound_sequenced.py), and takes the smallest. Events released
+while an earlier one may still be answering are bounded together as well, where that is lower
+(`_overlapping`). A task the scheduler may refuse (its TUF reaches 0: the bench sheds a first
+segment whose utility can no longer be positive, valued at its TUF then, <= 0) counts at most 0
+and takes no step when refusing it is better for the others; a task whose bound response comes
+after its cut-off counts 0, at its cut-off. An event with one task keeps its alone bound; where an
 event's tasks have distinct prompts the burst bound is never above the alone bound (with copies
 of one prompt in an event it can be: a copy may find the other's blocks in the prefix cache,
 which the alone bound does not count). `BoundTask.response_time_s` and `utility` are the burst
@@ -41,7 +47,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from timelyllm_ros.bench.bound_burst import (GROUPED_MAX_TASKS, best_assignment,
                                              completion_floors_s, grouped_responses,
@@ -151,6 +157,7 @@ def upper_bound(events: Sequence[Event], workload: Workload, config: BenchConfig
     shared_prompt: dict[str, list[int]] = {}
     sizes_of: dict[tuple[int, str], tuple[int, int, int]] = {}
     out = []
+    releases = []  # (release time, its tasks' bounds, their prompts) of each timed event
     for event in events:
         alone, prompts = [], []
         for spec in event.tasks:
@@ -176,19 +183,89 @@ def upper_bound(events: Sequence[Event], workload: Workload, config: BenchConfig
                 ert_s=tuf.ert_s, prompt_tokens=prompt, uncached_tokens=prompt - cached,
                 first_segment_tokens=n_first, response_time_s=response, utility=utility,
                 alone_response_time_s=response, alone_utility=utility))
-            prompts.append((ids, tuf))
-        out.extend(_burst(profile, latency, alone, prompts))
+            prompts.append((_tokens_of(ids, engine, skill_set, instruction), tuf))
+        bounded = _burst(profile, latency, alone, prompts)
+        out.extend(bounded)
+        if event.after_event is None:  # (a closed-loop event's release is not known here)
+            releases.append((event.time_s, bounded, prompts))
+    return _overlapping(profile, latency, out, releases)
+
+
+def _overlapping(profile: EngineProfile, latency_s: float, out: list[BoundTask],
+                 releases: list[tuple[float, list[BoundTask], list]]) -> list[BoundTask]:
+    """`out` with the events released while an earlier event's tasks may still be answering
+    bounded together (the sequenced bound, bench/bound_sequenced.py), where that is lower.
+
+    Each event alone assumes an engine free at its release. A run of events, each released
+    before the latest answer the bound allows the events before it, shares the engine's steps
+    instead. Bounding such a run as one burst released at its first event's time, each task
+    answering no sooner than its own release plus its alone floor and valued at its response
+    from its own release, is an upper bound too: it only lets later tasks start earlier. Runs
+    of at most SEQUENCED_MAX_TASKS answered tasks; the smaller sum of utility is kept."""
+    index = {id(task): k for k, task in enumerate(out)}
+    runs: list[list] = []
+    latest = -math.inf
+    for time_s, bounded, prompts in sorted(releases, key=lambda r: r[0]):
+        if runs and time_s < latest:
+            runs[-1].append((time_s, bounded, prompts))
+        else:
+            runs.append([(time_s, bounded, prompts)])
+            latest = -math.inf
+        latest = max([latest] + [time_s + t.response_time_s for t in bounded
+                                 if t.first_segment_tokens])
+    for run in runs:
+        members = [(time_s, task, prompts[j]) for time_s, bounded, prompts in run
+                   for j, task in enumerate(bounded) if task.first_segment_tokens]
+        if len(run) < 2 or not 2 <= len(members) <= SEQUENCED_MAX_TASKS:
+            continue
+        start = run[0][0]
+        floors = prefill_floors([p[0]() for _, _, p in members],
+                                [t.prompt_tokens - t.uncached_tokens for _, t, _ in members],
+                                profile.kv_block_size)
+        offsets = [time_s - start for time_s, _, _ in members]
+        alone = [offset + latency_s + alone_latency_s(profile, t.prompt_tokens,
+                                                     t.prompt_tokens - m, t.first_segment_tokens)
+                 for offset, (_, t, _), m in zip(offsets, members, floors)]
+        utilities = [_from_release(p[1].utility, offset)
+                     for offset, (_, _, p) in zip(offsets, members)]
+        together, total = sequenced_responses(
+            profile, latency_s, floors, [t.prompt_tokens for _, t, _ in members],
+            [t.first_segment_tokens for _, t, _ in members], alone, utilities,
+            [_sheddable(p[1]) for _, _, p in members])
+        if total < sum(t.utility for _, t, _ in members):
+            for offset, (_, task, (_, tuf)), response in zip(offsets, members, together):
+                out[index[id(task)]] = _answered(task, tuf, response - offset)
     return out
 
 
+def _tokens_of(ids: list[int] | None, engine: SimulatedEngine, skill_set: SkillSet,
+               instruction: str):
+    """The prompt's tokens when asked for: `ids` if rendered already, else rendered then (a
+    task alone in its event needs them only if a later event overlaps it)."""
+    cache = [ids]
+
+    def tokens() -> list[int]:
+        if cache[0] is None:
+            cache[0] = engine.render_chat(skill_set.render_messages(instruction))
+        return cache[0]
+    return tokens
+
+
+def _from_release(utility, offset_s: float):
+    """A TUF of the response from its own release, as a function of the time from a release
+    `offset_s` earlier."""
+    return lambda t: utility(t - offset_s)
+
+
 def _burst(profile: EngineProfile, latency_s: float, alone: list[BoundTask],
-           prompts: list[tuple[list[int] | None, Any]]) -> list[BoundTask]:
+           prompts: list[tuple[Callable[[], list[int]], Any]]) -> list[BoundTask]:
     """One event's tasks under the burst bound (bench/bound_burst.py): the alone bound when at
     most one of them has a first segment."""
     served = [i for i, t in enumerate(alone) if t.first_segment_tokens]
     if len(served) < 2:
-        return alone
-    ids = [prompts[i][0] for i in served]
+        return [_answered(t, tuf, t.response_time_s) if t.first_segment_tokens else t
+                for t, (_, tuf) in zip(alone, prompts)]
+    ids = [prompts[i][0]() for i in served]
     floors = prefill_floors(ids, [alone[i].prompt_tokens - alone[i].uncached_tokens
                                   for i in served], profile.kv_block_size)
     slots = completion_floors_s(profile, [alone[i].prompt_tokens for i in served], floors,
@@ -200,7 +277,8 @@ def _burst(profile: EngineProfile, latency_s: float, alone: list[BoundTask],
                                                 alone[i].prompt_tokens - m,
                                                 alone[i].first_segment_tokens)
                     for i, m in zip(served, floors)]
-    responses = best_assignment(alone_floors, latency_s + slots, utilities)
+    sheddable = [_sheddable(prompts[i][1]) for i in served]
+    responses = best_assignment(alone_floors, latency_s + slots, utilities, sheddable)
     # Each is an upper bound of the event's summed utility: the smallest is one too.
     prompt_tokens = [alone[i].prompt_tokens for i in served]
     segments = [alone[i].first_segment_tokens for i in served]
@@ -208,13 +286,33 @@ def _burst(profile: EngineProfile, latency_s: float, alone: list[BoundTask],
                          (SEQUENCED_MAX_TASKS, sequenced_responses)):
         if len(served) <= limit:
             other, other_utility = bound(profile, latency_s, floors, prompt_tokens, segments,
-                                         alone_floors, utilities)
-            if other_utility < sum(u(r) for u, r in zip(utilities, responses)):
+                                         alone_floors, utilities, sheddable)
+            if other_utility < _summed(utilities, responses):
                 responses = other
     out = list(alone)
-    for i, response, utility in zip(served, responses, utilities):
-        out[i] = replace(alone[i], response_time_s=response, utility=float(utility(response)))
+    for i, response in zip(served, responses):
+        out[i] = _answered(alone[i], prompts[i][1], response)
     return out
+
+
+def _sheddable(tuf) -> bool:
+    """Whether the bench may refuse the task (its TUF reaches 0: the scheduler sheds a first
+    segment whose utility can no longer be positive)."""
+    return tuf.slope_per_s > 0
+
+
+def _summed(utilities, responses: Sequence[float]) -> float:
+    """Summed utility of `responses`, a refused task's (NaN) counted at 0."""
+    return sum(0.0 if math.isnan(r) else u(r) for u, r in zip(utilities, responses))
+
+
+def _answered(task: BoundTask, tuf, response_s: float) -> BoundTask:
+    """`task` under the burst bound answering at `response_s`. NaN, or a response after its
+    TUF's cut-off: refused at the cut-off (utility 0, the most a refusal gets; a late answer
+    would get less)."""
+    if math.isnan(response_s) or (_sheddable(tuf) and response_s > tuf.cutoff_s):
+        return replace(task, response_time_s=tuf.cutoff_s, utility=0.0)
+    return replace(task, response_time_s=response_s, utility=float(tuf.utility(response_s)))
 
 
 def _instruction(spec: Any, trace: Trace) -> str:

@@ -68,11 +68,16 @@ takes the smaller of the two. It charges the slot bound's missing cost: a prompt
 an earlier one delays that one's first token, one computed in a later step pays that step.
 
 An event with one task keeps its alone bound exactly; a task without a first segment keeps its
-alone figures (no response) and takes no completion slot.
+alone figures (no response) and takes no completion slot. A task the bench may shed (its TUF
+reaches 0) may instead be refused in either bound (`sheddable`): it then counts 0, the most a
+refusal gets (it comes at the TUF's cut-off at the soonest), and takes no slot or group; the
+slots' floors still hold for the tasks served (each counts the smallest prompts of any other
+tasks).
 
 How far above the best schedule it is: bench/burst_search.py searches a burst's schedules on the
 simulated engine (a reference, not a bound); docs/family.md gives the figures (0.38-0.47 of
-summed utility above the best found on the three bursts studied there).
+summed utility above the best found on the three bursts studied there; the sequenced bound,
+bench/bound_sequenced.py, which bench/bound.py also takes where lower, is 0.03-0.04 above).
 """
 
 from __future__ import annotations
@@ -150,10 +155,14 @@ def completion_floors_s(profile: EngineProfile, prompt_tokens: Sequence[int],
 
 
 def best_assignment(alone_s: Sequence[float], slot_floors_s: np.ndarray,
-                    utilities: Sequence[Callable[[float], float]]) -> list[float]:
+                    utilities: Sequence[Callable[[float], float]],
+                    sheddable: Sequence[bool] | None = None) -> list[float]:
     """Response times of the best assignment of tasks to completion slots: task i in slot k
     answers at max(slot_floors_s[i, k], alone_s[i]); the assignment maximises the summed
-    utility. Returns each task's response time in it."""
+    utility. Returns each task's response time in it. A task marked in `sheddable` may be
+    refused instead (NaN: utility 0 at most, a refusal comes at its TUF's cut-off at the
+    soonest); the others then take the first slots, which the floors allow them (a slot's floor
+    counts the smallest prompts of any other tasks, refused ones included)."""
     n = len(alone_s)
     floors = np.asarray(slot_floors_s, dtype=float)
     if floors.shape != (n, n) or len(utilities) != n:
@@ -162,10 +171,16 @@ def best_assignment(alone_s: Sequence[float], slot_floors_s: np.ndarray,
                          f"{len(utilities)})")
     response = np.maximum(floors, np.asarray(alone_s, dtype=float)[:, None])
     utility = np.array([[utilities[i](response[i, k]) for k in range(n)] for i in range(n)])
+    if sheddable is not None:
+        # One refusal column per task: 0 for a sheddable one, out of reach for the others.
+        refuse = np.where(np.eye(n, dtype=bool) & np.asarray(sheddable, dtype=bool)[:, None],
+                          0.0, -1e18)
+        utility = np.hstack((utility, refuse))
     rows, cols = linear_sum_assignment(utility, maximize=True)
     out = [math.nan] * n
     for i, k in zip(rows, cols):
-        out[i] = float(response[i, k])
+        if k < n:
+            out[i] = float(response[i, k])
     return out
 
 
@@ -178,10 +193,12 @@ GROUPED_MAX_TASKS = 6
 def grouped_responses(profile: EngineProfile, latency_s: float, computed_floors: Sequence[int],
                       prompt_tokens: Sequence[int], first_segment_tokens: Sequence[int],
                       alone_s: Sequence[float],
-                      utilities: Sequence[Callable[[float], float]]) -> tuple[list[float], float]:
+                      utilities: Sequence[Callable[[float], float]],
+                      sheddable: Sequence[bool] | None = None) -> tuple[list[float], float]:
     """The grouped bound of one event (module docstring, "Grouped"): the best summed utility
     over ordered groups of the tasks, a group being the tasks whose prompts complete in the same
-    step. Returns each task's response time in the best grouping and the summed utility."""
+    step. Returns each task's response time in the best grouping and the summed utility. Tasks
+    marked in `sheddable` may be refused instead (NaN, utility 0 at most: `best_assignment`)."""
     n = len(computed_floors)
     budget = profile.max_num_batched_tokens
     step_floor = profile.prefill_fixed_s + profile.decode_step_s(1, 0)
@@ -215,5 +232,7 @@ def grouped_responses(profile: EngineProfile, latency_s: float, computed_floors:
                 if key not in best or total > best[key][0]:
                     best[key] = (total, new_times)
                 group = (group - 1) & rest
-    value, times = max((v for (m, _), v in best.items() if m == full), key=lambda v: v[0])
-    return [times[x] for x in range(n)], value
+    optional = sum(1 << x for x in range(n) if sheddable is not None and sheddable[x])
+    value, times = max((v for (m, _), v in best.items() if (full & ~m) & ~optional == 0),
+                       key=lambda v: v[0])
+    return [times.get(x, math.nan) for x in range(n)], value

@@ -30,15 +30,24 @@ only lowers T_x (a sequence left out of some steps answers later, and no term ab
 another task's presence), and a TUF never rises with time, so the best summed utility of
 U_x(max(T_x, alone_x)) over every choice of the S_i is an upper bound of every schedule's.
 
-The search is a dynamic programme over the steps at which prompts complete: a state is the
+The search runs over the steps at which prompts complete: a state is the
 last such step, the tasks whose prompts have completed, how many steps completed one, and the
 answer step of each task still emitting its first segment (its utility is settled as soon as
 no later prompt can complete before its answer). From a state the next prompts to complete are
 any non-empty subset of the others, at the first step whose budget the subset's prompts fit
 or at the step right after a pending answer: at any step in between the same tasks have been
 answered, and the earliest of them is best for everyone (later, every answer to come only moves
-later). An event of n tasks takes well
-under a second for n <= SEQUENCED_MAX_TASKS (measured in test/unit/bench/test_bound_sequenced).
+later). It is a branch and bound: a state reached again with no more utility is dropped, and
+a branch whose optimistic figure (each pending task answered with no further prompt, each other
+one placed next on its own) cannot beat the best complete choice found so far is cut. On 200
+random events of 1-6 tasks the slowest took 0.06 s (2-core VM, 2 December 2026).
+
+Refusals: a task the bench may shed (`sheddable`) can be left out, utility 0 (a refusal comes at
+its TUF's cut-off at the soonest), its prompt computed in no step; the search runs once per set
+of tasks served, largest first, sharing the best found. bench/bound.py also uses this bound for
+a run of events released while an earlier one may still be answering: all released at the
+first one's time, each task valued from its own release and answering no sooner than its own
+release plus its alone floor (that only lets later tasks start earlier, so it stays a bound).
 """
 
 from __future__ import annotations
@@ -57,10 +66,12 @@ SEQUENCED_MAX_TASKS = 6
 def sequenced_responses(profile: EngineProfile, latency_s: float,
                         computed_floors: Sequence[int], prompt_tokens: Sequence[int],
                         first_segment_tokens: Sequence[int], alone_s: Sequence[float],
-                        utilities: Sequence[Callable[[float], float]]
-                        ) -> tuple[list[float], float]:
+                        utilities: Sequence[Callable[[float], float]],
+                        sheddable: Sequence[bool] | None = None) -> tuple[list[float], float]:
     """The sequenced bound of one event (module docstring): each task's response time in the
-    best choice of the steps its prompt completes in, and the summed utility."""
+    best choice of the steps its prompt completes in, and the summed utility. A task marked in
+    `sheddable` may instead be refused (NaN response, utility 0: a refusal comes at its TUF's
+    cut-off at the soonest, so it gets 0 at most) and then takes no step."""
     n = len(computed_floors)
     if not (len(prompt_tokens) == len(first_segment_tokens) == len(alone_s)
             == len(utilities) == n):
@@ -79,7 +90,6 @@ def sequenced_responses(profile: EngineProfile, latency_s: float,
         own_ctx.append(own_steps_floor_s(profile, prompt_tokens[x], floors[x],
                                          first_segment_tokens[x]) - steps * d0)
     tokens_of = [sum(floors[x] for x in range(n) if mask >> x & 1) for mask in range(1 << n)]
-    full = (1 << n) - 1
     members = [tuple(x for x in range(n) if mask >> x & 1) for mask in range(1 << n)]
 
     def answer_s(x: int, step: int, mask: int, prefill_steps: int) -> float:
@@ -114,6 +124,7 @@ def sequenced_responses(profile: EngineProfile, latency_s: float,
 
     incumbent = [-math.inf, ()]
     seen: dict = {}
+    full = 0  # the tasks served, in turn each set that leaves out only sheddable ones
 
     def search(step: int, mask: int, prefill_steps: int, pending: tuple, value: float,
                answers: tuple) -> None:
@@ -122,7 +133,7 @@ def sequenced_responses(profile: EngineProfile, latency_s: float,
             if value + more > incumbent[0]:
                 incumbent[:] = [value + more, answers + last]
             return
-        key = (step, mask, prefill_steps, pending)
+        key = (full, step, mask, prefill_steps, pending)
         if seen.get(key, -math.inf) >= value:
             return  # the same state was reached with at least as much
         seen[key] = value
@@ -143,9 +154,23 @@ def sequenced_responses(profile: EngineProfile, latency_s: float,
                 search(at, done, prefill_steps + 1, started, value + gained, answers + answered)
             group = (group - 1) & rest
 
-    search(0, 0, 0, (), 0.0, ())
+    every = (1 << n) - 1
+    optional = sum(1 << x for x in range(n) if sheddable is not None and sheddable[x])
+    for served in sorted((every & ~shed for shed in _subsets(optional)),
+                         key=lambda m: -bin(m).count("1")):
+        full = served
+        search(0, 0, 0, (), 0.0, ())  # (the refused add 0; the best so far prunes the rest)
     value, answers = incumbent
     responses = dict(answers)
-    return [responses[x] for x in range(n)], value
+    return [responses.get(x, math.nan) for x in range(n)], value
+
+
+def _subsets(mask: int) -> list[int]:
+    """Every subset of the bits of `mask`, the empty one first."""
+    out, sub = [0], mask
+    while sub:
+        out.append(sub)
+        sub = (sub - 1) & mask
+    return out
 
 
