@@ -22,7 +22,7 @@ from timelyllm_ros.core.tuf import TUF
 from timelyllm_ros.lrtrace.workload import Event, TaskSpec, load_workload
 
 CONFIG = BenchConfig(prompt_tokens=None, baseline_prefix_cache=True)
-POLICIES = ("vllm-stream", "vllm-priority", "timelyllm-wc")
+POLICIES = ("vllm-stream", "vllm-priority", "timelyllm-wc", "timelyllm-pred")
 # Each event of a replay draws from its own traces: an instruction served in an earlier event
 # stays in the prefix cache and can save a later task a few ms (the alone bound's exception).
 TRACE_GROUPS = ((1, 2, 9), (3, 4, 10), (5, 6, 11))
