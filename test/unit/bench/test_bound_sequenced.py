@@ -239,3 +239,23 @@ def test_a_run_of_overlapping_events_is_bounded_together():
     found = search(event_tasks(run, events, member.workload, config))
     assert found.utility <= together + 1e-9
     assert together == pytest.approx(3.694, abs=5e-4)
+
+
+def test_a_search_past_its_state_limit_gives_up_and_the_other_bounds_stand(monkeypatch):
+    """Six near-identical urgent prompts take the search thousands of states; with a limit of
+    100 it gives up (NaN, an infinite sum) and bench/bound.py keeps the slot and grouped
+    bounds, which stay finite."""
+    from timelyllm_ros.bench import bound_sequenced
+    profile = EngineProfile()
+    prompts = [1500 + 37 * i for i in range(6)]
+    tokens = [10] * 6
+    tufs = [TUF(ert_s=0.2, initial_utility=2.0, slope_per_s=20.0)] * 6
+    alone, utilities = _burst(profile, prompts, prompts, tokens, tufs)
+    full = sequenced_responses(profile, 0.0, prompts, prompts, tokens, alone, utilities)
+    assert math.isfinite(full[1])
+    monkeypatch.setattr(bound_sequenced, "SEQUENCED_MAX_STATES", 100)
+    responses, value = sequenced_responses(profile, 0.0, prompts, prompts, tokens, alone,
+                                           utilities)
+    assert value == math.inf and all(math.isnan(r) for r in responses)
+    _, grouped = grouped_responses(profile, 0.0, prompts, prompts, tokens, alone, utilities)
+    assert math.isfinite(grouped) and grouped >= full[1] - 1e-9
