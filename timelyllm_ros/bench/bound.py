@@ -45,6 +45,7 @@ estimate there.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -202,7 +203,7 @@ def _overlapping(profile: EngineProfile, latency_s: float, out: list[BoundTask],
     answering no sooner than its own release plus its alone floor and valued at its response
     from its own release, is an upper bound too: it only lets later tasks start earlier. Runs
     of at most SEQUENCED_MAX_TASKS answered tasks; the smaller sum of utility is kept."""
-    index = {id(task): k for k, task in enumerate(out)}
+    index: dict[int, int] = {}  # position in `out` by task identity, built when first needed
     runs: list[list] = []
     latest = -math.inf
     for time_s, bounded, prompts in sorted(releases, key=lambda r: r[0]):
@@ -219,13 +220,9 @@ def _overlapping(profile: EngineProfile, latency_s: float, out: list[BoundTask],
         if len(run) < 2 or not 2 <= len(members) <= SEQUENCED_MAX_TASKS:
             continue
         start = run[0][0]
-        floors = prefill_floors([p[0]() for _, _, p in members],
-                                [t.prompt_tokens - t.uncached_tokens for _, t, _ in members],
-                                profile.kv_block_size)
         offsets = [time_s - start for time_s, _, _ in members]
-        alone = [offset + latency_s + alone_latency_s(profile, t.prompt_tokens,
-                                                     t.prompt_tokens - m, t.first_segment_tokens)
-                 for offset, (_, t, _), m in zip(offsets, members, floors)]
+        floors, alone = _floors(profile, latency_s, [t for _, t, _ in members],
+                                [p for _, _, p in members], offsets)
         utilities = [_from_release(p[1].utility, offset)
                      for offset, (_, _, p) in zip(offsets, members)]
         together, total = sequenced_responses(
@@ -233,6 +230,7 @@ def _overlapping(profile: EngineProfile, latency_s: float, out: list[BoundTask],
             [t.first_segment_tokens for _, t, _ in members], alone, utilities,
             [_sheddable(p[1]) for _, _, p in members])
         if total < sum(t.utility for _, t, _ in members):
+            index = index or {id(task): k for k, task in enumerate(out)}
             for offset, (_, task, (_, tuf)), response in zip(offsets, members, together):
                 out[index[id(task)]] = _answered(task, tuf, response - offset)
     return out
@@ -242,13 +240,9 @@ def _tokens_of(ids: list[int] | None, engine: SimulatedEngine, skill_set: SkillS
                instruction: str):
     """The prompt's tokens when asked for: `ids` if rendered already, else rendered then (a
     task alone in its event needs them only if a later event overlaps it)."""
-    cache = [ids]
-
-    def tokens() -> list[int]:
-        if cache[0] is None:
-            cache[0] = engine.render_chat(skill_set.render_messages(instruction))
-        return cache[0]
-    return tokens
+    if ids is not None:
+        return lambda: ids
+    return functools.cache(lambda: engine.render_chat(skill_set.render_messages(instruction)))
 
 
 def _from_release(utility, offset_s: float):
@@ -265,18 +259,11 @@ def _burst(profile: EngineProfile, latency_s: float, alone: list[BoundTask],
     if len(served) < 2:
         return [_answered(t, tuf, t.response_time_s) if t.first_segment_tokens else t
                 for t, (_, tuf) in zip(alone, prompts)]
-    ids = [prompts[i][0]() for i in served]
-    floors = prefill_floors(ids, [alone[i].prompt_tokens - alone[i].uncached_tokens
-                                  for i in served], profile.kv_block_size)
+    floors, alone_floors = _floors(profile, latency_s, [alone[i] for i in served],
+                                   [prompts[i] for i in served])
     slots = completion_floors_s(profile, [alone[i].prompt_tokens for i in served], floors,
                                 [alone[i].first_segment_tokens for i in served])
     utilities = [prompts[i][1].utility for i in served]
-    # A task may hit blocks another prompt of its event computed: alone, it would still
-    # compute its floor's tokens, no fewer.
-    alone_floors = [latency_s + alone_latency_s(profile, alone[i].prompt_tokens,
-                                                alone[i].prompt_tokens - m,
-                                                alone[i].first_segment_tokens)
-                    for i, m in zip(served, floors)]
     sheddable = [_sheddable(prompts[i][1]) for i in served]
     responses = best_assignment(alone_floors, latency_s + slots, utilities, sheddable)
     # Each is an upper bound of the event's summed utility: the smallest is one too.
@@ -293,6 +280,23 @@ def _burst(profile: EngineProfile, latency_s: float, alone: list[BoundTask],
     for i, response in zip(served, responses):
         out[i] = _answered(alone[i], prompts[i][1], response)
     return out
+
+
+def _floors(profile: EngineProfile, latency_s: float, tasks: Sequence[BoundTask],
+            prompts: Sequence[tuple[Callable[[], list[int]], Any]],
+            offsets_s: Sequence[float] | None = None) -> tuple[list[int], list[float]]:
+    """For tasks bounded together: each one's prefill floor (`prefill_floors`: the prompt
+    tokens it computes whatever the others leave in the prefix cache) and alone floor (its
+    alone response with only that floor computed, from `offsets_s` after the first release;
+    a task may hit blocks another prompt computed, but alone it still computes its floor)."""
+    floors = prefill_floors([ids() for ids, _ in prompts],
+                            [t.prompt_tokens - t.uncached_tokens for t in tasks],
+                            profile.kv_block_size)
+    offsets_s = offsets_s if offsets_s is not None else [0.0] * len(tasks)
+    alone = [offset + latency_s + alone_latency_s(profile, t.prompt_tokens, t.prompt_tokens - m,
+                                                  t.first_segment_tokens)
+             for offset, t, m in zip(offsets_s, tasks, floors)]
+    return floors, alone
 
 
 def _sheddable(tuf) -> bool:

@@ -184,6 +184,20 @@ def best_assignment(alone_s: Sequence[float], slot_floors_s: np.ndarray,
     return out
 
 
+def subset_sums(values: Sequence[int]) -> list[int]:
+    """The sum of `values` over each subset, indexed by the subset's bit mask (bit x: values[x];
+    the grouped and sequenced bounds' prompt tokens of a set of tasks)."""
+    out = [0]
+    for value in values:  # the subsets with this bit set: those without it, plus it
+        out += [total + value for total in out]
+    return out
+
+
+def refusable_mask(sheddable: Sequence[bool] | None) -> int:
+    """The bit mask of the tasks marked in `sheddable` (none if it is None)."""
+    return 0 if sheddable is None else sum(1 << x for x, shed in enumerate(sheddable) if shed)
+
+
 # The grouped bound visits 3^n (task set, next group) pairs of an n-task event: events of more
 # tasks get the assignment bound only. A cost limit, not a model constant: any value gives a
 # valid bound, a larger one a tighter bound on larger events (6: ~15 ms per 6-task event).
@@ -205,8 +219,7 @@ def grouped_responses(profile: EngineProfile, latency_s: float, computed_floors:
     tail = [sum(profile.decode_step_s(1, prompt_tokens[x] + k)
                 for k in range(1, first_segment_tokens[x])) for x in range(n)]
     full = (1 << n) - 1
-    tokens = [sum(computed_floors[x] for x in range(n) if mask >> x & 1)
-              for mask in range(full + 1)]
+    tokens = subset_sums(computed_floors)
 
     def response(x: int, mask: int, groups: int) -> float:
         steps = max(groups, math.ceil(tokens[mask] / budget))
@@ -232,7 +245,7 @@ def grouped_responses(profile: EngineProfile, latency_s: float, computed_floors:
                 if key not in best or total > best[key][0]:
                     best[key] = (total, new_times)
                 group = (group - 1) & rest
-    optional = sum(1 << x for x in range(n) if sheddable is not None and sheddable[x])
+    optional = refusable_mask(sheddable)
     value, times = max((v for (m, _), v in best.items() if (full & ~m) & ~optional == 0),
                        key=lambda v: v[0])
     return [times.get(x, math.nan) for x in range(n)], value

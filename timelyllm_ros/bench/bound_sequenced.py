@@ -55,7 +55,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Sequence
 
-from timelyllm_ros.bench.bound_burst import own_steps_floor_s
+from timelyllm_ros.bench.bound_burst import own_steps_floor_s, refusable_mask, subset_sums
 from timelyllm_ros.core.engine.cost_model import EngineProfile
 
 # Events of more tasks get the slot and grouped bounds only. A cost limit, not a model
@@ -95,7 +95,7 @@ def sequenced_responses(profile: EngineProfile, latency_s: float,
         steps = max(0, math.ceil(floors[x] / budget) - 1) + first_segment_tokens[x]
         own_ctx.append(own_steps_floor_s(profile, prompt_tokens[x], floors[x],
                                          first_segment_tokens[x]) - steps * d0)
-    tokens_of = [sum(floors[x] for x in range(n) if mask >> x & 1) for mask in range(1 << n)]
+    tokens_of = subset_sums(floors)
     members = [tuple(x for x in range(n) if mask >> x & 1) for mask in range(1 << n)]
 
     def answer_s(x: int, step: int, mask: int, prefill_steps: int) -> float:
@@ -163,7 +163,7 @@ def sequenced_responses(profile: EngineProfile, latency_s: float,
             group = (group - 1) & rest
 
     every = (1 << n) - 1
-    optional = sum(1 << x for x in range(n) if sheddable is not None and sheddable[x])
+    optional = refusable_mask(sheddable)
     try:
         for served in sorted((every & ~shed for shed in _subsets(optional)),
                              key=lambda m: -bin(m).count("1")):

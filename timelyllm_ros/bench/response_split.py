@@ -101,19 +101,24 @@ def busy_during(intervals: Sequence[tuple[float, float]], t: float) -> bool:
     return k >= 0 and intervals[k][0] < t < intervals[k][1]
 
 
+def busy_share(intervals: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """(seconds busy, seconds from the first step to the last) of `busy_intervals`."""
+    return (sum(end - start for start, end in intervals),
+            intervals[-1][1] - intervals[0][0] if intervals else 0.0)
+
+
 def busy_line(tasks: Sequence, splits: Sequence[ResponseSplit], task_type: str | None) -> str:
     """How much of the replay the engine was busy, and how many of `task_type`'s tasks (all,
     if None) arrived while it was: each of those waited for the step in flight."""
     intervals = busy_intervals(tasks)
     if not intervals:
         return "  engine never busy"
-    busy = sum(end - start for start, end in intervals)
-    first, last = intervals[0][0], intervals[-1][1]
+    busy, span = busy_share(intervals)
     arrival = {task.task_id: task.arrival_s for task in tasks}
     chosen = [s for s in splits if task_type is None or s.task_type == task_type]
     met = sum(busy_during(intervals, arrival[s.task_id]) for s in chosen)
-    return (f"  engine busy {busy:.2f} s of the {last - first:.2f} s from its first step to its "
-            f"last ({busy / (last - first):.1%}); {met} of {len(chosen)} "
+    return (f"  engine busy {busy:.2f} s of the {span:.2f} s from its first step to its "
+            f"last ({busy / span:.1%}); {met} of {len(chosen)} "
             f"{task_type or 'answered'} tasks arrived while it was busy")
 
 
@@ -177,12 +182,8 @@ def summary_line(member: int, policy: str, splits: Sequence[ResponseSplit],
     line = (f"member {member:3d} {policy}: {member_tasks:5d} tasks, {len(splits):5d} answered; "
             f"lost {wait + service:.4f} of the mean: wait {wait:.4f} (urgent drones "
             f"{urgent:.4f}), service {service:.4f}")
-    intervals = busy_intervals(tasks) if tasks is not None else []
-    if intervals:
-        span = intervals[-1][1] - intervals[0][0]
-        busy = sum(end - start for start, end in intervals)
-        line += f"; engine busy {busy / span:.1%}" if span > 0 else ""
-    return line
+    busy, span = busy_share(busy_intervals(tasks) if tasks is not None else [])
+    return line + (f"; engine busy {busy / span:.1%}" if span > 0 else "")
 
 
 def _member(family_seed: int, k: int):
